@@ -1,0 +1,150 @@
+"""The catalog: model and GPU profiles from profiles/, plus Hugging Face config.json import."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from autoconfig.errors import UserError, pydantic_message
+from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
+
+
+def profiles_dir() -> Path:
+    """profiles/ at the repository root (AUTOCONFIG_PROFILES overrides it)."""
+    env = os.environ.get("AUTOCONFIG_PROFILES")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "profiles"
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of fields")
+    return data
+
+
+@cache
+def models() -> dict[str, ModelSpec]:
+    """Catalog models by name (aliases included)."""
+    out: dict[str, ModelSpec] = {}
+    for path in sorted((profiles_dir() / "models").glob("*.yaml")):
+        try:
+            spec = ModelSpec(**_read_yaml(path))
+        except ValidationError as exc:
+            raise UserError(pydantic_message(exc, f"{path}: ")) from None
+        for name in (spec.name, *spec.aliases):
+            out[name] = spec
+    return out
+
+
+@cache
+def gpus() -> dict[str, GPUSpec]:
+    """GPU profiles by name."""
+    out: dict[str, GPUSpec] = {}
+    for path in sorted((profiles_dir() / "gpus").glob("*.yaml")):
+        try:
+            spec = GPUSpec(**_read_yaml(path))
+        except ValidationError as exc:
+            raise UserError(pydantic_message(exc, f"{path}: ")) from None
+        out[spec.name] = spec
+    return out
+
+
+def _closest(name: str, known: list[str]) -> str:
+    near = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+    return f"; closest: {', '.join(near)}" if near else f"; known: {', '.join(sorted(known))}"
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name, or a Hugging Face config.json by path."""
+    if name_or_path.endswith(".json") or os.path.sep in name_or_path:
+        return model_from_hf_config(Path(name_or_path))
+    catalog = models()
+    if name_or_path not in catalog:
+        raise UserError(f"model: unknown name '{name_or_path}'{_closest(name_or_path, list(catalog))}")
+    return catalog[name_or_path]
+
+
+def get_gpu(name: str) -> GPUSpec:
+    catalog = gpus()
+    if name not in catalog:
+        raise UserError(f"gpu: unknown name '{name}'{_closest(name, list(catalog))}")
+    return catalog[name]
+
+
+def cluster_for(gpu: GPUSpec, gpus_per_node: int | None = None) -> ClusterSpec:
+    """The GPU's default cluster, optionally with another node size."""
+    if gpus_per_node is None:
+        return gpu.cluster
+    return gpu.cluster.model_copy(update={"gpus_per_node": gpus_per_node})
+
+
+# Hugging Face config.json keys, first match wins (GPT-2 style names as fallbacks).
+_HF_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "heads": ("num_attention_heads", "n_head"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "ffn_hidden": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "vocab": ("vocab_size",),
+    "max_seq_len": ("max_position_embeddings", "n_positions", "seq_length"),
+    "head_dim": ("head_dim",),
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "topk": ("num_experts_per_tok", "moe_topk"),
+    "moe_ffn_hidden": ("moe_intermediate_size",),
+    "shared_experts": ("n_shared_experts", "num_shared_experts"),
+}
+
+
+def model_from_hf_config(path: Path) -> ModelSpec:
+    """A ModelSpec from a Hugging Face transformers config.json."""
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"model: no such file '{path}'") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"model: '{path}' is not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"model: '{path}' must hold a JSON object")
+    fields: dict[str, object] = {}
+    for field, keys in _HF_KEYS.items():
+        for key in keys:
+            if cfg.get(key) is not None:
+                fields[field] = cfg[key]
+                break
+    for needed in ("layers", "hidden", "heads", "vocab"):
+        if needed not in fields:
+            names = " or ".join(_HF_KEYS[needed])
+            raise UserError(f"model: '{path}' lacks {names} (needed for {needed})")
+    act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu").lower()
+    model_type = str(cfg.get("model_type", "")).lower()
+    gated = act in ("silu", "swiglu", "swish") or model_type in ("llama", "mistral", "mixtral",
+                                                                 "qwen2", "qwen3", "gemma")
+    rms = "rms_norm_eps" in cfg or "rms_norm" in str(cfg.get("normalization", "")).lower()
+    rope = "rope_theta" in cfg or "rope_scaling" in cfg or "rotary" in json.dumps(cfg).lower()
+    fields.update(
+        name=cfg.get("_name_or_path") or path.stem,
+        mlp="swiglu" if gated else ("squared_relu" if "relu2" in act else "gelu"),
+        norm="rmsnorm" if rms else "layernorm",
+        position="rope" if rope else ("alibi" if cfg.get("alibi") else "learned"),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", not gated)),
+        seq_len=min(int(fields.get("max_seq_len", 4096)), 8192),
+        dropout=float(cfg.get("attention_dropout", 0) or cfg.get("hidden_dropout", 0) or 0) > 0,
+        source=f"Hugging Face config {path}",
+    )
+    if fields.get("num_experts") and "moe_ffn_hidden" not in fields:
+        fields["moe_ffn_hidden"] = fields.get("ffn_hidden")
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as exc:
+        raise UserError(pydantic_message(exc, f"model: '{path}': ")) from None

@@ -1,0 +1,79 @@
+"""Collective and point-to-point times, with bandwidth chosen by where a group's ranks sit.
+
+Ring collectives over n ranks move 2(n-1)/n of the buffer per rank for all-reduce and (n-1)/n
+for all-gather / reduce-scatter / all-to-all, in 2(n-1) resp. (n-1) latency steps (Thakur et
+al. 2005, "Optimization of Collective Communication Operations in MPICH"; NCCL's "bus
+bandwidth" convention, nccl-tests PERFORMANCE.md).
+
+Rank order is Megatron-LM's: tp fastest, then cp, then dp (ep inside dp), then pp. A group of n
+ranks spaced `stride` apart stays inside a node when n*stride <= gpus_per_node; otherwise it
+crosses the network, where k = gpus_per_node/stride of its ranks share a node and NCCL drives
+k NICs in parallel (rail-optimised fabric), so its bus bandwidth is k times one GPU's NIC,
+never more than NVLink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoconfig.cost.inputs import Col, CostInputs
+
+
+@dataclass(frozen=True)
+class Link:
+    """Effective bus bandwidth (bytes/s) and per-step latency (s) of one group."""
+
+    bandwidth: Col
+    latency: Col
+
+
+def group_link(x: CostInputs, size: Col, stride: Col) -> Link:
+    """The link a group of `size` ranks spaced `stride` apart communicates over."""
+    intra = size * stride <= x.gpus_per_node
+    nvlink = x.intra_bytes_s * x.eff_intra
+    per_node = np.clip(np.floor(x.gpus_per_node / stride), 1.0, size)
+    network = np.minimum(nvlink, per_node * x.inter_bytes_s * x.eff_inter)
+    return Link(np.where(intra, nvlink, network), np.where(intra, x.lat_intra_s, x.lat_inter_s))
+
+
+def all_reduce(nbytes: Col, size: Col, link: Link) -> Col:
+    steps = 2.0 * (size - 1.0)
+    return np.where(size > 1, steps / size * nbytes / link.bandwidth + steps * link.latency, 0.0)
+
+
+def all_gather(nbytes: Col, size: Col, link: Link) -> Col:
+    """All-gather (or reduce-scatter) producing/consuming a full buffer of `nbytes`."""
+    steps = size - 1.0
+    return np.where(size > 1, steps / size * nbytes / link.bandwidth + steps * link.latency, 0.0)
+
+
+reduce_scatter = all_gather
+all_to_all = all_gather
+
+
+def p2p(nbytes: Col, link: Link) -> Col:
+    return nbytes / link.bandwidth + link.latency
+
+
+def tp_link(x: CostInputs) -> Link:
+    return group_link(x, x.tp, 1.0)
+
+
+def cp_link(x: CostInputs) -> Link:
+    return group_link(x, x.cp, x.tp)
+
+
+def dp_link(x: CostInputs) -> Link:
+    """Gradient reduction runs over dp*cp ranks (CP ranks hold the same weights)."""
+    return group_link(x, x.dp * x.cp, x.tp)
+
+
+def ep_link(x: CostInputs) -> Link:
+    return group_link(x, x.ep, x.tp * x.cp)
+
+
+def pp_link(x: CostInputs) -> Link:
+    """Adjacent stages sit tp*cp*dp ranks apart; each GPU sends over its own link."""
+    return group_link(x, 2.0, x.tp * x.cp * x.dp)

@@ -1,0 +1,59 @@
+"""Runs the whole cost model over N candidates and names every output column."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoconfig.cost.flops import model_flops_per_token
+from autoconfig.cost.inputs import Col, CostInputs
+from autoconfig.cost.memory import memory
+from autoconfig.cost.timing import step_time
+from autoconfig.specs import GIB
+
+PREDICTION_COLUMNS = (
+    "pred_step_time_s",
+    "pred_tokens_per_s_per_gpu",
+    "pred_model_tflops_per_gpu",
+    "pred_mfu",
+    "pred_peak_mem_gb",
+    "pred_fits",
+)
+
+
+def evaluate(x: CostInputs) -> dict[str, Col]:
+    """Predictions and their breakdowns, one array per column (all of length N)."""
+    mem = memory(x)
+    time = step_time(x)
+    step = time.total
+    num_gpus = x.dp * x.tp * x.pp * x.cp
+    tokens_per_gpu = x.gbs * x.seq / (step * num_gpus)
+    tflops = model_flops_per_token(x) * tokens_per_gpu
+    peak = mem.total / GIB
+    out = {
+        "pred_step_time_s": step,
+        "pred_tokens_per_s_per_gpu": tokens_per_gpu,
+        "pred_model_tflops_per_gpu": tflops / 1e12,
+        "pred_mfu": tflops / x.peak_flops,
+        "pred_peak_mem_gb": peak,
+        "pred_fits": peak <= x.memory_gb,
+        "mem_weights_gb": mem.weights / GIB,
+        "mem_gradients_gb": mem.gradients / GIB,
+        "mem_optimizer_gb": mem.optimizer / GIB,
+        "mem_activations_gb": mem.activations / GIB,
+        "mem_pipeline_in_flight_gb": mem.pipeline_in_flight / GIB,
+        "mem_logits_embedding_gb": mem.logits_embedding / GIB,
+        "mem_transient_gb": mem.transient / GIB,
+        "mem_overhead_gb": mem.overhead / GIB,
+        "mem_capacity_gb": x.memory_gb,
+        "time_compute_s": time.compute,
+        "time_launch_s": time.launch,
+        "time_tp_comm_s": time.tp_comm,
+        "time_cp_comm_s": time.cp_comm,
+        "time_ep_comm_s": time.ep_comm,
+        "time_pp_comm_s": time.pp_comm,
+        "time_bubble_s": time.bubble,
+        "time_dp_comm_s": time.dp_comm,
+        "time_optimizer_s": time.optimizer,
+    }
+    n = x.n
+    return {k: np.broadcast_to(np.asarray(v), (n,)) for k, v in out.items()}

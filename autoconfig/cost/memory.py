@@ -1,0 +1,140 @@
+"""Per-GPU memory: model states by ZeRO stage, activations by recompute mode, pipeline in-flight.
+
+Sources:
+- Mixed-precision Adam, Megatron style: 2 (16-bit weights) + 4 (fp32 gradients) + 12 (fp32
+  master, Adam m and v) = 18 bytes/param; with the distributed optimizer (ZeRO-1) 6 + 12/d
+  (Megatron-LM docs, "Distributed Optimizer"); ZeRO-2/3 shard gradients and weights too
+  (Rajbhandari et al. 2020, "ZeRO", Sec. 5).
+- Activations per layer from the op list (layer.py, Korthikanti et al. 2022).
+- 1F1B: the first stage holds min(p, m) micro-batches; interleaved schedules hold
+  2(p-r-1) + (v-1)p + 1 model chunks on rank r, which for r = 0 is the (1 + (p-1)/(p v))
+  factor of Korthikanti et al. 2022, Sec. 4.2.3 (Megatron-LM's warm-up counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoconfig.cost.inputs import Col, CostInputs, stage_layers
+from autoconfig.cost.layer import embedding_ops, head_ops, layer_input_bytes, layer_ops, total
+from autoconfig.specs import GIB
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters held by one rank of the first and of the last pipeline stage."""
+
+    dense_first: Col  # sharded over dp*cp by ZeRO
+    dense_last: Col
+    expert: Col  # sharded over dp*cp/ep by ZeRO (same on every stage)
+    layer_dense: Col  # one layer's non-expert params on one rank (ZeRO-3 gather unit)
+    layer_expert: Col
+
+
+def stage_params(x: CostInputs) -> StageParams:
+    """Per-rank parameter counts: layers/pp layers split by tp (experts also by ep)."""
+    h, t = x.hidden, x.tp
+    q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
+    mats = np.where(x.mlp_kind == 1, 3.0, 2.0)
+    moe = x.experts > 0
+    norms = np.where(x.layernorm > 0, 4.0, 2.0) * h
+    attn = h * (q_width + 2 * kv_width) + q_width * h
+    dense_mlp = np.where(moe, x.shared_experts * mats * h * x.expert_ffn, mats * h * x.ffn)
+    layer_dense = (attn + dense_mlp) / t + norms + moe * h * x.experts
+    layer_expert = moe * x.experts * mats * h * x.expert_ffn / (t * x.ep)
+    per_stage = stage_layers(x)
+    vocab_shard = x.vocab * h / t
+    final_norm = np.where(x.layernorm > 0, 2.0, 1.0) * h
+    first_extra = vocab_shard + x.learned_pos * x.max_seq * h
+    # Tied embeddings share one matrix only when first and last stage are the same rank.
+    head = np.where((x.tied > 0) & (x.pp == 1), 0.0, vocab_shard) + final_norm
+    single = x.pp == 1
+    dense_first = per_stage * layer_dense + first_extra + np.where(single, head, 0.0)
+    dense_last = per_stage * layer_dense + head + np.where(single, first_extra, 0.0)
+    return StageParams(dense_first, dense_last, per_stage * layer_expert, layer_dense,
+                       layer_expert)
+
+
+def state_bytes(params: Col, shard: Col, zero: Col) -> tuple[Col, Col, Col]:
+    """(weights, gradients, optimizer) bytes for `params` sharded `shard` ways by ZeRO stage."""
+    weights = np.where(zero >= 3, 2.0 / shard, 2.0) * params
+    grads = np.where(zero >= 2, 4.0 / shard, 4.0) * params
+    optim = np.where(zero >= 1, 12.0 / shard, 12.0) * params
+    return weights, grads, optim
+
+
+def in_flight(x: CostInputs, rank: Col) -> Col:
+    """Micro-batches whose activations pipeline rank `rank` holds at its peak (in units of
+    a full stage's worth, so interleaving's chunks count as 1/v each)."""
+    m = x.gbs / (x.dp * x.mbs)
+    one_f_one_b = np.minimum(m, x.pp - rank)
+    chunks = np.minimum(m * x.vp, 2.0 * (x.pp - rank - 1) + (x.vp - 1) * x.pp + 1)
+    return np.where(x.vp > 1, chunks / x.vp, one_f_one_b)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak bytes per GPU by part (for the larger of the first and last stage)."""
+
+    weights: Col
+    gradients: Col
+    optimizer: Col
+    activations: Col  # one micro-batch of the stage's layers
+    pipeline_in_flight: Col  # the extra micro-batches 1F1B keeps alive
+    logits_embedding: Col  # embedding/LM-head/cross-entropy buffers
+    transient: Col  # recompute working set, ZeRO-3 gathered layers
+    overhead: Col  # fragmentation, workspaces, CUDA context
+    activation_per_layer: Col  # bytes saved per layer per micro-batch (the trainer's check)
+
+    @property
+    def total(self) -> Col:
+        return (self.weights + self.gradients + self.optimizer + self.activations
+                + self.pipeline_in_flight + self.logits_embedding + self.transient
+                + self.overhead)
+
+
+def layer_activation_bytes(x: CostInputs, tokens: Col) -> tuple[Col, Col, Col]:
+    """Saved bytes per layer per micro-batch: (no recompute, selective, full)."""
+    ops = layer_ops(x)
+    keep = total(ops, "saved")
+    dropped = total([op for op in ops if op.dropped_by_selective], "saved")
+    return keep * tokens, (keep - dropped) * tokens, layer_input_bytes(x) * tokens
+
+
+def memory(x: CostInputs) -> Memory:
+    tokens = x.mbs * x.seq / x.cp
+    plain, selective, full = layer_activation_bytes(x, tokens)
+    per_stage = stage_layers(x)
+    recomputed = np.where(x.recompute == 2, np.minimum(x.recompute_layers, per_stage), 0.0)
+    per_mb_layer = np.where(x.recompute == 1, selective, plain)
+    stage_act = recomputed * full + (per_stage - recomputed) * per_mb_layer
+    # Backward of a recomputed layer rebuilds that layer's activations one at a time.
+    transient = np.where(recomputed > 0, plain, np.where(x.recompute == 1, plain - selective, 0.0))
+
+    p = stage_params(x)
+    shard = x.dp * x.cp
+    expert_shard = np.maximum(shard / x.ep, 1.0)
+    ew, eg, eo = state_bytes(p.expert, expert_shard, x.zero)
+    zero3_gather = np.where(x.zero >= 3, 2.0 * 6.0 * (p.layer_dense + p.layer_expert), 0.0)
+
+    emb = total(embedding_ops(x), "saved") * tokens
+    head = total(head_ops(x), "saved") * tokens + 4.0 * x.vocab / x.tp * tokens  # + dlogits
+
+    first_flight, last_flight = in_flight(x, 0.0), in_flight(x, x.pp - 1.0)
+    parts = []
+    for params, flight, buffers in ((p.dense_first, first_flight, emb * first_flight),
+                                    (p.dense_last, last_flight, head)):
+        w, g, o = state_bytes(params, shard, x.zero)
+        single = x.pp == 1
+        buffers = np.where(single, emb + head, buffers)
+        parts.append((w + ew, g + eg, o + eo, stage_act, stage_act * (flight - 1.0), buffers,
+                      transient + zero3_gather))
+    first, last = (np.stack([np.broadcast_to(a, np.broadcast(*s).shape) for a in s])
+                   for s in parts)
+    use_last = last.sum(axis=0) > first.sum(axis=0)
+    chosen = np.where(use_last, last, first)
+    subtotal = chosen.sum(axis=0)
+    overhead = x.mem_overhead * subtotal + x.mem_reserved_gb * GIB
+    return Memory(*chosen, overhead=overhead, activation_per_layer=per_mb_layer)

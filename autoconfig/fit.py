@@ -1,0 +1,112 @@
+"""Fits a GPU family's efficiency constants to measured runs (robust least squares).
+
+The constants are few and physical (GEMM/attention/memory efficiency, kernel and step costs,
+collective bus efficiency and latency), shared by every GPU of one chip family, so a fit on
+some runs can be checked on others. Throughput residuals are log(predicted/measured) with a
+Cauchy loss, so broken measurements (a few published runs are 10-50x off their neighbours)
+cannot drag the constants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from autoconfig import catalog
+from autoconfig.cost.evaluate import evaluate
+from autoconfig.cost.inputs import CostInputs
+from autoconfig.cost.memory import memory
+from autoconfig.frame import prepare
+from autoconfig.specs import GIB, Efficiency
+
+# Efficiency field -> (CostInputs column, scale from profile units, lower, upper bound).
+TIME_PARAMS = {
+    "gemm": ("eff_gemm", 1.0, 0.2, 1.0),
+    "gemm_fp8": ("eff_gemm", 1.0, 0.2, 1.0),
+    "attention": ("eff_attention", 1.0, 0.1, 1.0),
+    "memory": ("eff_memory", 1.0, 0.2, 1.0),
+    "kernel_us": ("kernel_s", 1e-6, 0.0, 100.0),
+    "intra_node_bus": ("eff_intra", 1.0, 0.02, 1.0),
+    "inter_node_bus": ("eff_inter", 1.0, 0.02, 1.0),
+    "intra_node_latency_us": ("lat_intra_s", 1e-6, 0.0, 200.0),
+    "inter_node_latency_us": ("lat_inter_s", 1e-6, 0.0, 500.0),
+    "step_overhead_ms": ("step_overhead_s", 1e-3, 0.0, 2000.0),
+}
+
+
+def _chip_of(gpu_names: pd.Series) -> pd.Series:
+    known = catalog.gpus()
+    return gpu_names.str.strip().str.lower().map(lambda n: known[n].chip if n in known else "")
+
+
+def _with_params(x: CostInputs, chips: np.ndarray, fp8: np.ndarray,
+                 values: dict[str, dict[str, float]]) -> CostInputs:
+    cols: dict[str, np.ndarray] = {}
+    for chip, params in values.items():
+        rows = chips == chip
+        for name, value in params.items():
+            col, scale, _, _ = TIME_PARAMS[name]
+            if name.startswith("gemm"):
+                rows_here = rows & ((fp8 > 0) if name == "gemm_fp8" else (fp8 == 0))
+            else:
+                rows_here = rows
+            arr = cols.setdefault(col, np.array(np.broadcast_to(getattr(x, col), chips.shape)))
+            arr[rows_here] = value * scale
+    return replace(x, **cols)
+
+
+def fit_time(runs: pd.DataFrame, measured: pd.Series, start: dict[str, Efficiency]
+             ) -> tuple[dict[str, dict[str, float]], float]:
+    """Fits TIME_PARAMS per chip on rows with a measured tokens/s/GPU; returns the constants
+    by chip and the robust cost."""
+    x, errors, _ = prepare(runs)
+    use = ((errors == "") & measured.notna()).to_numpy()
+    chips = _chip_of(runs["gpu"]).to_numpy()
+    fp8 = np.broadcast_to(x.fp8, chips.shape)
+    names: list[tuple[str, str]] = []
+    for chip in sorted(set(chips[use])):
+        has_fp8 = bool((fp8[use & (chips == chip)] > 0).any())
+        for name in TIME_PARAMS:
+            if name != "gemm_fp8" or has_fp8:
+                names.append((chip, name))
+    x0 = np.array([getattr(start[c], n) or start[c].gemm for c, n in names])
+    lo = np.array([TIME_PARAMS[n][2] for _, n in names])
+    hi = np.array([TIME_PARAMS[n][3] for _, n in names])
+    target = np.log(measured.to_numpy()[use])
+
+    def unpack(theta: np.ndarray) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for (chip, name), value in zip(names, theta, strict=True):
+            out.setdefault(chip, {})[name] = float(value)
+        return out
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        xi = _with_params(x, chips, fp8, unpack(theta))
+        with np.errstate(all="ignore"):
+            tps = evaluate(xi)["pred_tokens_per_s_per_gpu"][use]
+        return np.log(np.maximum(tps, 1e-9)) - target
+
+    result = least_squares(residuals, np.clip(x0, lo, hi), bounds=(lo, hi), loss="cauchy",
+                           f_scale=0.15, x_scale="jac", max_nfev=400)
+    return unpack(result.x), float(result.cost)
+
+
+def fit_memory(runs: pd.DataFrame, measured_gb: pd.Series) -> tuple[float, float]:
+    """Fits (memory_overhead fraction, memory_reserved_gb) so that
+    peak = parts * (1 + overhead) + reserved matches measured peaks (relative least squares)."""
+    x, errors, _ = prepare(runs)
+    use = ((errors == "") & measured_gb.notna()).to_numpy()
+    with np.errstate(all="ignore"):
+        mem = memory(replace(x, mem_overhead=np.float64(0.0), mem_reserved_gb=np.float64(0.0)))
+    base = np.broadcast_to(mem.total / GIB, use.shape)[use]
+    meas = measured_gb.to_numpy()[use]
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        return (base * (1 + theta[0]) + theta[1]) / meas - 1.0
+
+    result = least_squares(residuals, [0.1, 1.0], bounds=([0.0, 0.0], [1.0, 10.0]),
+                           loss="soft_l1", f_scale=0.1)
+    return float(result.x[0]), float(result.x[1])

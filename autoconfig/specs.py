@@ -1,0 +1,197 @@
+"""The project's vocabulary: pydantic specs for models, GPUs, clusters and parallel layouts.
+
+Everything that enters autoconfig (catalog files, CLI flags, CSV rows, HF configs) is turned
+into these specs first; the cost model then works on arrays built from them (see cost/inputs.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Norm = Literal["layernorm", "rmsnorm"]
+Mlp = Literal["gelu", "swiglu", "squared_relu"]
+Position = Literal["learned", "rope", "alibi", "none"]
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp8"]
+
+GIB = float(2**30)
+"""All "GB" figures in autoconfig are GiB (2^30 bytes), the unit PyTorch and nvidia-smi report."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Spec):
+    """A decoder-only transformer architecture."""
+
+    name: str = "custom"
+    layers: int = Field(gt=0, description="number of transformer layers")
+    hidden: int = Field(gt=0, description="model width h")
+    heads: int = Field(gt=0, description="attention (query) heads")
+    kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA); = heads")
+    head_dim: int | None = Field(default=None, gt=0, description="per-head width; = hidden/heads")
+    ffn_hidden: int | None = Field(default=None, gt=0, description="MLP width; = 4*hidden")
+    vocab: int = Field(gt=0, description="vocabulary size")
+    seq_len: int = Field(default=2048, gt=0, description="default training sequence length")
+    max_seq_len: int | None = Field(default=None, gt=0, description="context limit of the model")
+    tied_embeddings: bool = False
+    norm: Norm = "layernorm"
+    mlp: Mlp = "gelu"
+    position: Position = "learned"
+    dropout: bool = Field(default=False, description="dropout layers present during training")
+    num_experts: int = Field(default=0, ge=0, description="routed experts per MoE layer (0 = dense)")
+    topk: int = Field(default=0, ge=0, description="experts each token is routed to")
+    moe_ffn_hidden: int | None = Field(default=None, gt=0, description="width of one expert MLP")
+    shared_experts: int = Field(default=0, ge=0, description="always-on experts per MoE layer")
+    source: str = Field(default="", description="where the architecture figures come from")
+    aliases: tuple[str, ...] = Field(default=(), description="other names the catalog accepts")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        kv = self.kv_heads or self.heads
+        if self.heads % kv:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({kv})")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.num_experts and not (0 < self.topk <= self.num_experts):
+            raise ValueError(f"topk must be in 1..num_experts ({self.num_experts}) for MoE")
+        return self
+
+    # Derived sizes, resolved once so nothing downstream repeats the defaults.
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def dhead(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden or self.ffn
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def layer_params(self, active_only: bool = False) -> int:
+        """Parameters of one transformer layer (weights of attention, MLP and norms)."""
+        h, d = self.hidden, self.dhead
+        attn = h * d * (self.heads + 2 * self.kv) + self.heads * d * h
+        mats = 3 if self.mlp == "swiglu" else 2
+        if self.is_moe:
+            n_routed = self.topk if active_only else self.num_experts
+            mlp = (n_routed + self.shared_experts) * mats * h * self.expert_ffn
+            mlp += h * self.num_experts  # router
+        else:
+            mlp = mats * h * self.ffn
+        norms = 2 * h * (2 if self.norm == "layernorm" else 1)
+        return attn + mlp + norms
+
+    def embedding_params(self) -> int:
+        """Input embedding, learned positions, final norm and (untied) LM head."""
+        h = self.hidden
+        emb = self.vocab * h * (1 if self.tied_embeddings else 2)
+        pos = (self.max_seq_len or self.seq_len) * h if self.position == "learned" else 0
+        return emb + pos + h * (2 if self.norm == "layernorm" else 1)
+
+    def param_count(self, active_only: bool = False) -> int:
+        return self.layers * self.layer_params(active_only) + self.embedding_params()
+
+
+class Efficiency(_Spec):
+    """Physical efficiency constants of one GPU type, fitted from measurements.
+
+    Each is a fraction of a datasheet figure (or a latency), so it stays meaningful when the
+    model, the layout or the cluster size changes.
+    """
+
+    gemm: float = Field(gt=0, le=1, description="fraction of dense peak reached by large GEMMs")
+    gemm_fp8: float | None = Field(
+        default=None, gt=0, le=1, description="fraction of fp8 peak reached by fp8 GEMMs; = gemm"
+    )
+    attention: float = Field(gt=0, le=1, description="fraction of peak reached by attention")
+    memory: float = Field(gt=0, le=1, description="fraction of HBM bandwidth for memory-bound ops")
+    kernel_us: float = Field(ge=0, description="fixed cost per kernel launch/tail, microseconds")
+    intra_node_bus: float = Field(gt=0, le=1, description="NVLink bus-bandwidth efficiency")
+    inter_node_bus: float = Field(gt=0, le=1, description="network bus-bandwidth efficiency")
+    intra_node_latency_us: float = Field(ge=0, description="per-step latency of an NVLink collective")
+    inter_node_latency_us: float = Field(ge=0, description="per-step latency across nodes")
+    step_overhead_ms: float = Field(
+        default=0.0, ge=0, description="fixed per-step cost: optimizer launch, grad norm, sync"
+    )
+    memory_overhead: float = Field(
+        ge=0, le=1, description="allocator fragmentation + workspaces, fraction of the other memory"
+    )
+    memory_reserved_gb: float = Field(ge=0, description="CUDA context, NCCL and library buffers")
+    provenance: str = Field(default="", description="what these constants were fitted on")
+
+
+class ClusterSpec(_Spec):
+    """How GPUs are wired: node size and per-GPU link bandwidths (one direction)."""
+
+    name: str = "default"
+    gpus_per_node: int = Field(default=8, gt=0)
+    intra_node_gb_s: float = Field(gt=0, description="NVLink GB/s per GPU, one direction")
+    inter_node_gb_s: float = Field(gt=0, description="network GB/s per GPU, one direction")
+
+
+class GPUSpec(_Spec):
+    """A GPU type: datasheet figures, efficiency constants and the usual cluster around it."""
+
+    name: str
+    chip: str = Field(description="silicon family sharing efficiency constants (a100, h100, ...)")
+    peak_tflops: dict[Precision, float] = Field(description="dense peak TFLOP/s by precision")
+    memory_gb: float = Field(gt=0, description="usable HBM, GiB")
+    memory_tb_s: float = Field(gt=0, description="HBM bandwidth, TB/s")
+    efficiency: Efficiency
+    cluster: ClusterSpec
+    source: str = ""
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _peaks(cls, v: dict[str, float]) -> dict[str, float]:
+        if "bf16" not in v:
+            raise ValueError("peak_tflops needs at least bf16")
+        return v
+
+    def peak(self, precision: str) -> float:
+        return self.peak_tflops.get(precision) or self.peak_tflops["bf16"]
+
+
+class ParallelConfig(_Spec):
+    """One parallel layout and batch setting for training."""
+
+    dp: int = Field(default=1, gt=0, description="data-parallel degree")
+    tp: int = Field(default=1, gt=0, description="tensor-parallel degree")
+    pp: int = Field(default=1, gt=0, description="pipeline stages")
+    vp: int = Field(default=1, gt=0, description="virtual stages per pipeline rank (interleaved)")
+    cp: int = Field(default=1, gt=0, description="context-parallel degree")
+    ep: int = Field(default=1, gt=0, description="expert-parallel degree (within dp*cp)")
+    sp: bool = Field(default=False, description="sequence parallel (with tp > 1)")
+    mbs: int = Field(default=1, gt=0, description="micro-batch size, sequences")
+    gbs: int = Field(gt=0, description="global batch size, sequences")
+    seq_len: int = Field(gt=0, description="training sequence length")
+    recompute: Recompute = "none"
+    recompute_layers: int | None = Field(
+        default=None, ge=0, description="layers per stage fully recomputed (full only; all)"
+    )
+    zero: int = Field(default=1, ge=0, le=3, description="0 none, 1 dist. optimizer, 2, 3 FSDP")
+    precision: Precision = "bf16"
+    flash_attention: bool = True
+    overlap_grad_reduce: bool = True
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def microbatches(self) -> int:
+        return self.gbs // (self.dp * self.mbs)
