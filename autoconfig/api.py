@@ -18,10 +18,15 @@ def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
     Returns the input columns followed by the pred_* columns, the memory and time breakdowns,
     and `error` ('' for rows that were estimated; the reason otherwise, with blank predictions).
     """
+    return _estimate(runs)[0]
+
+
+def _estimate(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     if runs.empty:
-        return runs.assign(**{c: pd.Series(dtype=float) for c in PREDICTION_COLUMNS}, error="")
+        empty = runs.assign(**{c: pd.Series(dtype=float) for c in PREDICTION_COLUMNS}, error="")
+        return empty, pd.DataFrame()
     runs = runs.reset_index(drop=True)
-    inputs, errors, _ = prepare(runs)
+    inputs, errors, resolved = prepare(runs)
     with np.errstate(all="ignore"):
         preds = pd.DataFrame(evaluate(inputs), index=runs.index)
     bad = errors != ""
@@ -30,19 +35,29 @@ def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
     extra = [c for c in preds.columns if c in runs.columns]
     out = pd.concat([runs.drop(columns=extra), preds], axis=1)
     out["error"] = errors
-    return out
+    return out, resolved
 
 
 def model_columns_for_frame(model: ModelSpec) -> dict[str, object]:
     """A catalog model as reference-CSV architecture columns."""
     return {
-        "model": model.name, "layers": model.layers, "hidden": model.hidden,
-        "heads": model.heads, "kv_heads": model.kv, "head_dim": model.dhead,
-        "ffn_hidden": model.ffn, "vocab": model.vocab,
-        "tied_embeddings": "y" if model.tied_embeddings else "n", "norm": model.norm,
-        "mlp": model.mlp, "position": model.position, "dropout": "y" if model.dropout else "n",
-        "max_seq_len": model.max_seq_len or model.seq_len, "num_experts": model.num_experts,
-        "topk": model.topk, "moe_ffn_hidden": model.expert_ffn,
+        "model": model.name,
+        "layers": model.layers,
+        "hidden": model.hidden,
+        "heads": model.heads,
+        "kv_heads": model.kv,
+        "head_dim": model.dhead,
+        "ffn_hidden": model.ffn,
+        "vocab": model.vocab,
+        "tied_embeddings": "y" if model.tied_embeddings else "n",
+        "norm": model.norm,
+        "mlp": model.mlp,
+        "position": model.position,
+        "dropout": "y" if model.dropout else "n",
+        "max_seq_len": model.max_seq_len or model.seq_len,
+        "num_experts": model.num_experts,
+        "topk": model.topk,
+        "moe_ffn_hidden": model.expert_ffn,
         "shared_experts": model.shared_experts,
     }
 
@@ -80,14 +95,30 @@ def estimate(
     dp = dp if dp is not None else num_gpus // max(tp * pp * cp, 1)
     row = {
         **model_columns_for_frame(spec),
-        "seq_len": seq_len or spec.seq_len, "gpu": gpu, "num_gpus": num_gpus,
-        "gpus_per_node": gpus_per_node, "tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep,
-        "dp": dp, "sp": "unknown" if sp is None else ("y" if sp else "n"), "mbs": mbs,
-        "gbs": gbs if gbs is not None else dp * mbs, "recompute": recompute,
-        "recompute_layers": recompute_layers, "zero": zero, "precision": precision,
+        "seq_len": seq_len or spec.seq_len,
+        "gpu": gpu,
+        "num_gpus": num_gpus,
+        "gpus_per_node": gpus_per_node,
+        "tp": tp,
+        "pp": pp,
+        "vp": vp,
+        "cp": cp,
+        "ep": ep,
+        "dp": dp,
+        "sp": "unknown" if sp is None else ("y" if sp else "n"),
+        "mbs": mbs,
+        "gbs": gbs if gbs is not None else dp * mbs,
+        "recompute": recompute,
+        "recompute_layers": recompute_layers,
+        "zero": zero,
+        "precision": precision,
         "flash_attention": "y" if flash_attention else "n",
     }
-    out = estimate_frame(pd.DataFrame([row]))
+    out, resolved = _estimate(pd.DataFrame([row]))
     if out.at[0, "error"]:
         raise UserError(out.at[0, "error"])
+    # Show what was actually estimated (defaults resolved), not the placeholders.
+    for col in ("dp", "sp", "zero", "recompute", "precision", "flash_attention"):
+        out[col] = resolved[col].to_numpy()
+    out["mbs"] = resolved["mbs"].to_numpy()
     return out

@@ -71,7 +71,9 @@ def get_model(name_or_path: str) -> ModelSpec:
         return model_from_hf_config(Path(name_or_path))
     catalog = models()
     if name_or_path not in catalog:
-        raise UserError(f"model: unknown name '{name_or_path}'{_closest(name_or_path, list(catalog))}")
+        raise UserError(
+            f"model: unknown name '{name_or_path}'{_closest(name_or_path, list(catalog))}"
+        )
     return catalog[name_or_path]
 
 
@@ -128,8 +130,14 @@ def model_from_hf_config(path: Path) -> ModelSpec:
             raise UserError(f"model: '{path}' lacks {names} (needed for {needed})")
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu").lower()
     model_type = str(cfg.get("model_type", "")).lower()
-    gated = act in ("silu", "swiglu", "swish") or model_type in ("llama", "mistral", "mixtral",
-                                                                 "qwen2", "qwen3", "gemma")
+    gated = act in ("silu", "swiglu", "swish") or model_type in (
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "gemma",
+    )
     rms = "rms_norm_eps" in cfg or "rms_norm" in str(cfg.get("normalization", "")).lower()
     rope = "rope_theta" in cfg or "rope_scaling" in cfg or "rotary" in json.dumps(cfg).lower()
     fields.update(

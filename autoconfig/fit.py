@@ -42,8 +42,9 @@ def _chip_of(gpu_names: pd.Series) -> pd.Series:
     return gpu_names.str.strip().str.lower().map(lambda n: known[n].chip if n in known else "")
 
 
-def _with_params(x: CostInputs, chips: np.ndarray, fp8: np.ndarray,
-                 values: dict[str, dict[str, float]]) -> CostInputs:
+def _with_params(
+    x: CostInputs, chips: np.ndarray, fp8: np.ndarray, values: dict[str, dict[str, float]]
+) -> CostInputs:
     cols: dict[str, np.ndarray] = {}
     for chip, params in values.items():
         rows = chips == chip
@@ -58,8 +59,9 @@ def _with_params(x: CostInputs, chips: np.ndarray, fp8: np.ndarray,
     return replace(x, **cols)
 
 
-def fit_time(runs: pd.DataFrame, measured: pd.Series, start: dict[str, Efficiency]
-             ) -> tuple[dict[str, dict[str, float]], float]:
+def fit_time(
+    runs: pd.DataFrame, measured: pd.Series, start: dict[str, Efficiency]
+) -> tuple[dict[str, dict[str, float]], float]:
     """Fits TIME_PARAMS per chip on rows with a measured tokens/s/GPU; returns the constants
     by chip and the robust cost."""
     x, errors, _ = prepare(runs)
@@ -89,8 +91,15 @@ def fit_time(runs: pd.DataFrame, measured: pd.Series, start: dict[str, Efficienc
             tps = evaluate(xi)["pred_tokens_per_s_per_gpu"][use]
         return np.log(np.maximum(tps, 1e-9)) - target
 
-    result = least_squares(residuals, np.clip(x0, lo, hi), bounds=(lo, hi), loss="cauchy",
-                           f_scale=0.15, x_scale="jac", max_nfev=400)
+    result = least_squares(
+        residuals,
+        np.clip(x0, lo, hi),
+        bounds=(lo, hi),
+        loss="cauchy",
+        f_scale=0.15,
+        x_scale="jac",
+        max_nfev=400,
+    )
     return unpack(result.x), float(result.cost)
 
 
@@ -107,6 +116,7 @@ def fit_memory(runs: pd.DataFrame, measured_gb: pd.Series) -> tuple[float, float
     def residuals(theta: np.ndarray) -> np.ndarray:
         return (base * (1 + theta[0]) + theta[1]) / meas - 1.0
 
-    result = least_squares(residuals, [0.1, 1.0], bounds=([0.0, 0.0], [1.0, 10.0]),
-                           loss="soft_l1", f_scale=0.1)
+    result = least_squares(
+        residuals, [0.1, 1.0], bounds=([0.0, 0.0], [1.0, 10.0]), loss="soft_l1", f_scale=0.1
+    )
     return float(result.x[0]), float(result.x[1])

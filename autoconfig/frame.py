@@ -15,9 +15,28 @@ from autoconfig.cost.inputs import MLP_CODES, RECOMPUTE_CODES, CostInputs, hardw
 from autoconfig.errors import UserError
 
 REQUIRED = ("layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus", "tp", "pp", "gbs")
-POSITIVE_INTS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
-                 "num_gpus", "gpus_per_node", "tp", "pp", "vp", "cp", "ep", "dp", "mbs", "gbs",
-                 "head_dim", "moe_ffn_hidden", "max_seq_len")
+POSITIVE_INTS = (
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn_hidden",
+    "vocab",
+    "seq_len",
+    "num_gpus",
+    "gpus_per_node",
+    "tp",
+    "pp",
+    "vp",
+    "cp",
+    "ep",
+    "dp",
+    "mbs",
+    "gbs",
+    "head_dim",
+    "moe_ffn_hidden",
+    "max_seq_len",
+)
 NONNEG_INTS = ("num_experts", "topk", "shared_experts", "recompute_layers")
 YES = {"y", "yes", "true", "1", "t"}
 NO = {"n", "no", "false", "0", "f"}
@@ -32,8 +51,9 @@ def _text(df: pd.DataFrame, col: str) -> pd.Series:
 def _flag(df: pd.DataFrame, col: str, default: pd.Series | bool) -> tuple[pd.Series, pd.Series]:
     """A y/n column as float (blank/unknown -> default) and the rows holding something else."""
     raw = _text(df, col)
-    value = pd.Series(np.broadcast_to(np.asarray(default, dtype=float), len(df)).copy(),
-                      index=df.index)
+    value = pd.Series(
+        np.broadcast_to(np.asarray(default, dtype=float), len(df)).copy(), index=df.index
+    )
     value[raw.isin(YES)] = 1.0
     value[raw.isin(NO)] = 0.0
     bad = ~(raw.isin(YES) | raw.isin(NO) | raw.isin({"", "unknown", "nan"}))
@@ -54,9 +74,24 @@ class _Errors:
             self.msg[mask] = message
 
 
-ARCH_COLUMNS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab",
-                "tied_embeddings", "norm", "mlp", "position", "max_seq_len", "num_experts",
-                "topk", "moe_ffn_hidden", "shared_experts")
+ARCH_COLUMNS = (
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn_hidden",
+    "vocab",
+    "tied_embeddings",
+    "norm",
+    "mlp",
+    "position",
+    "max_seq_len",
+    "num_experts",
+    "topk",
+    "moe_ffn_hidden",
+    "shared_experts",
+)
 
 
 def _fill_from_catalog(df: pd.DataFrame) -> pd.DataFrame:
@@ -97,11 +132,15 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
         if col in REQUIRED:
             err.add(blank, f"{col}: required, must be a positive integer")
         not_int = ~blank & (value.isna() | (value != np.round(value)))
-        err.add(not_int, f"{col}: must be an integer" + pd.Series(
-            " (got '", index=df.index) + text + "')")
+        err.add(
+            not_int,
+            f"{col}: must be an integer" + pd.Series(" (got '", index=df.index) + text + "')",
+        )
         low = 0 if col in NONNEG_INTS else 1
-        err.add(~blank & (value < low), f"{col}: must be >= {low}" + pd.Series(
-            " (got ", index=df.index) + text + ")")
+        err.add(
+            ~blank & (value < low),
+            f"{col}: must be >= {low}" + pd.Series(" (got ", index=df.index) + text + ")",
+        )
         num[col] = value.where(~blank)
     for col in REQUIRED:
         if col not in df:
@@ -150,11 +189,15 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
     err.add(~precision.isin({"bf16", "fp16", "fp8"}), "precision: must be bf16, fp16 or fp8")
 
     # Layout rules: the run must be a real, complete layout.
-    err.add(num_gpus != tp * pp * cp * dp,
-            "num_gpus: must equal tp*pp*cp*dp" + pd.Series(" (tp*pp*cp*dp = ", index=df.index)
-            + (tp * pp * cp * dp).astype(str) + ")")
-    err.add(dp != np.round(dp), "dp: num_gpus is not divisible by tp*pp*cp")
     err.add(heads % tp != 0, "tp: must divide heads")
+    err.add(
+        num_gpus != tp * pp * cp * dp,
+        "num_gpus: must equal tp*pp*cp*dp"
+        + pd.Series(" (tp*pp*cp*dp = ", index=df.index)
+        + (tp * pp * cp * dp).astype(str)
+        + ")",
+    )
+    err.add(dp != np.round(dp), "dp: num_gpus is not divisible by tp*pp*cp")
     err.add((kv % tp != 0) & (tp % kv != 0), "tp: must divide kv_heads (or be a multiple)")
     err.add(((hidden % heads) != 0) & num["head_dim"].isna(), "heads: must divide hidden")
     err.add(num["gbs"] % (dp * mbs) != 0, "gbs: must be divisible by dp*mbs")
@@ -186,19 +229,27 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
                 err.add(sel, f"precision: {name} has no fp8 tensor cores")
             gpn = num["gpus_per_node"][sel]
             for node in gpn.fillna(gpu.cluster.gpus_per_node).unique():
-                rows_node = sel & (num["gpus_per_node"].fillna(gpu.cluster.gpus_per_node)
-                                   == node).to_numpy()
-                cols = hardware_columns(gpu, catalog.cluster_for(gpu, int(node)),
-                                        prec if prec in gpu.peak_tflops else "bf16")
+                rows_node = (
+                    sel
+                    & (num["gpus_per_node"].fillna(gpu.cluster.gpus_per_node) == node).to_numpy()
+                )
+                cols = hardware_columns(
+                    gpu,
+                    catalog.cluster_for(gpu, int(node)),
+                    prec if prec in gpu.peak_tflops else "bf16",
+                )
                 for key, value in cols.items():
                     hw.setdefault(key, np.full(len(df), np.nan))[rows_node] = value
 
     per_stage = np.ceil(num["layers"] / (pp * vp)) * vp
     rl = num["recompute_layers"].fillna(per_stage)
-    err.add((recompute != "full") & num["recompute_layers"].notna() & (num["recompute_layers"] > 0),
-            "recompute_layers: only meaningful with recompute full")
+    err.add(
+        (recompute != "full") & num["recompute_layers"].notna() & (num["recompute_layers"] > 0),
+        "recompute_layers: only meaningful with recompute full",
+    )
 
     bad = err.msg != ""
+
     # Rows in error still flow through the vectorized model with harmless stand-in values;
     # their predictions are blanked afterwards.
     def col(series: pd.Series | np.ndarray, fill: float = 1.0) -> np.ndarray:
@@ -207,27 +258,67 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
         return arr
 
     if not hw:  # every GPU unknown
-        hw = {k: np.full(len(df), np.nan) for k in hardware_columns(
-            next(iter(known.values())), next(iter(known.values())).cluster, "bf16")}
-    inputs = CostInputs.from_columns({
-        "layers": col(num["layers"]), "hidden": col(hidden, 64), "heads": col(heads),
-        "kv_heads": col(kv), "head_dim": col(head_dim, 64), "ffn": col(ffn.fillna(4 * hidden), 256),
-        "vocab": col(num["vocab"], 256), "tied": col(tied, 0), "layernorm": col(norm == "layernorm", 0),
-        "mlp_kind": col(mlp.map(MLP_CODES), 0), "learned_pos": col(position == "learned", 0),
-        "max_seq": col(num["max_seq_len"].fillna(num["seq_len"])), "dropout": col(dropout, 0),
-        "experts": col(experts, 0), "topk": col(topk, 0),
-        "expert_ffn": col(num["moe_ffn_hidden"].fillna(ffn.fillna(4 * hidden)), 256),
-        "shared_experts": col(num["shared_experts"].fillna(0), 0),
-        **{k: col(v) for k, v in hw.items()},
-        "dp": col(dp), "tp": col(tp), "pp": col(pp), "vp": col(vp), "cp": col(cp), "ep": col(ep),
-        "sp": col(sp, 0), "mbs": col(mbs), "gbs": col(num["gbs"]), "seq": col(num["seq_len"], 128),
-        "recompute": col(recompute.map(RECOMPUTE_CODES), 0), "recompute_layers": col(rl, 0),
-        "zero": col(zero, 0), "fp8": col(precision == "fp8", 0), "flash": col(flash, 1),
-        "overlap_grad_reduce": col(overlap, 1),
-    })
-    resolved = pd.DataFrame({
-        "dp": dp, "tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "sp": sp.astype(bool),
-        "mbs": mbs, "zero": zero, "recompute": recompute, "precision": precision,
-        "flash_attention": flash.astype(bool), "mlp": mlp, "norm": norm,
-    }, index=df.index)
+        hw = {
+            k: np.full(len(df), np.nan)
+            for k in hardware_columns(
+                next(iter(known.values())), next(iter(known.values())).cluster, "bf16"
+            )
+        }
+    inputs = CostInputs.from_columns(
+        {
+            "layers": col(num["layers"]),
+            "hidden": col(hidden, 64),
+            "heads": col(heads),
+            "kv_heads": col(kv),
+            "head_dim": col(head_dim, 64),
+            "ffn": col(ffn.fillna(4 * hidden), 256),
+            "vocab": col(num["vocab"], 256),
+            "tied": col(tied, 0),
+            "layernorm": col(norm == "layernorm", 0),
+            "mlp_kind": col(mlp.map(MLP_CODES), 0),
+            "learned_pos": col(position == "learned", 0),
+            "max_seq": col(num["max_seq_len"].fillna(num["seq_len"])),
+            "dropout": col(dropout, 0),
+            "experts": col(experts, 0),
+            "topk": col(topk, 0),
+            "expert_ffn": col(num["moe_ffn_hidden"].fillna(ffn.fillna(4 * hidden)), 256),
+            "shared_experts": col(num["shared_experts"].fillna(0), 0),
+            **{k: col(v) for k, v in hw.items()},
+            "dp": col(dp),
+            "tp": col(tp),
+            "pp": col(pp),
+            "vp": col(vp),
+            "cp": col(cp),
+            "ep": col(ep),
+            "sp": col(sp, 0),
+            "mbs": col(mbs),
+            "gbs": col(num["gbs"]),
+            "seq": col(num["seq_len"], 128),
+            "recompute": col(recompute.map(RECOMPUTE_CODES), 0),
+            "recompute_layers": col(rl, 0),
+            "zero": col(zero, 0),
+            "fp8": col(precision == "fp8", 0),
+            "flash": col(flash, 1),
+            "overlap_grad_reduce": col(overlap, 1),
+        }
+    )
+    resolved = pd.DataFrame(
+        {
+            "dp": dp,
+            "tp": tp,
+            "pp": pp,
+            "vp": vp,
+            "cp": cp,
+            "ep": ep,
+            "sp": sp.astype(bool),
+            "mbs": mbs,
+            "zero": zero,
+            "recompute": recompute,
+            "precision": precision,
+            "flash_attention": flash.astype(bool),
+            "mlp": mlp,
+            "norm": norm,
+        },
+        index=df.index,
+    )
     return inputs, err.msg, resolved

@@ -42,7 +42,9 @@ class ModelSpec(_Spec):
     mlp: Mlp = "gelu"
     position: Position = "learned"
     dropout: bool = Field(default=False, description="dropout layers present during training")
-    num_experts: int = Field(default=0, ge=0, description="routed experts per MoE layer (0 = dense)")
+    num_experts: int = Field(
+        default=0, ge=0, description="routed experts per MoE layer (0 = dense)"
+    )
     topk: int = Field(default=0, ge=0, description="experts each token is routed to")
     moe_ffn_hidden: int | None = Field(default=None, gt=0, description="width of one expert MLP")
     shared_experts: int = Field(default=0, ge=0, description="always-on experts per MoE layer")
@@ -122,7 +124,9 @@ class Efficiency(_Spec):
     kernel_us: float = Field(ge=0, description="fixed cost per kernel launch/tail, microseconds")
     intra_node_bus: float = Field(gt=0, le=1, description="NVLink bus-bandwidth efficiency")
     inter_node_bus: float = Field(gt=0, le=1, description="network bus-bandwidth efficiency")
-    intra_node_latency_us: float = Field(ge=0, description="per-step latency of an NVLink collective")
+    intra_node_latency_us: float = Field(
+        ge=0, description="per-step latency of an NVLink collective"
+    )
     inter_node_latency_us: float = Field(ge=0, description="per-step latency across nodes")
     step_overhead_ms: float = Field(
         default=0.0, ge=0, description="fixed per-step cost: optimizer launch, grad norm, sync"

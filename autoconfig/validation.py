@@ -24,16 +24,18 @@ from autoconfig.frame import prepare
 # 2021-era Megatron and DeepSpeed stacks all-reduced gradients after the backward pass
 # (overlap_grad_reduce arrived with the distributed optimizer in Megatron-Core).
 SOURCE_FACTS: dict[str, dict[str, str]] = {
-    "Megatron-LM 2021 Table 1 (A100)": {"flash_attention": "n", "dropout": "y",
-                                         "overlap_grad_reduce": "n"},
+    "Megatron-LM 2021 Table 1 (A100)": {
+        "flash_attention": "n",
+        "dropout": "y",
+        "overlap_grad_reduce": "n",
+    },
     "Korthikanti 2022": {"flash_attention": "n", "dropout": "y", "overlap_grad_reduce": "n"},
     "MT-NLG": {"flash_attention": "n", "dropout": "y", "overlap_grad_reduce": "n"},
     "BLOOM": {"flash_attention": "n", "dropout": "n", "overlap_grad_reduce": "n"},
 }
 
 SIXTEEN_BIT = ("bf16", "fp16")
-MAIN_GPUS = ("a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-sxm-96gb",
-             "h200-sxm-141gb")
+MAIN_GPUS = ("a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-sxm-96gb", "h200-sxm-141gb")
 
 
 def reference_dir() -> Path:
@@ -50,8 +52,9 @@ def in_fit_set(run_id: str) -> bool:
 
 
 def load_training_runs(path: Path | None = None) -> pd.DataFrame:
-    runs = pd.read_csv(path or reference_dir() / "training_runs.csv", dtype=str,
-                       keep_default_na=False)
+    runs = pd.read_csv(
+        path or reference_dir() / "training_runs.csv", dtype=str, keep_default_na=False
+    )
     for group, facts in SOURCE_FACTS.items():
         for col, value in facts.items():
             if col not in runs:
@@ -66,8 +69,9 @@ def measured_throughput(runs: pd.DataFrame) -> pd.Series:
     the same model-FLOPs count the predictions use (both follow Megatron's convention)."""
     inputs, errors, _ = prepare(runs)
     with np.errstate(all="ignore"):
-        flops = pd.Series(np.broadcast_to(model_flops_per_token(inputs), len(runs)),
-                          index=runs.index)
+        flops = pd.Series(
+            np.broadcast_to(model_flops_per_token(inputs), len(runs)), index=runs.index
+        )
         peak = pd.Series(np.broadcast_to(inputs.peak_flops, len(runs)), index=runs.index)
     num = lambda c: pd.to_numeric(runs[c], errors="coerce")  # noqa: E731
     tokens = num("measured_tokens_per_s_per_gpu")
@@ -85,8 +89,12 @@ def predictions(runs: pd.DataFrame) -> pd.DataFrame:
 
 def error_stats(ape: pd.Series) -> dict[str, float]:
     ape = ape.dropna()
-    return {"rows": len(ape), "mape_%": 100 * ape.mean(), "median_ape_%": 100 * ape.median(),
-            "within_20%": 100 * (ape <= 0.2).mean()}
+    return {
+        "rows": len(ape),
+        "mape_%": 100 * ape.mean(),
+        "median_ape_%": 100 * ape.median(),
+        "within_20%": 100 * (ape <= 0.2).mean(),
+    }
 
 
 def throughput_table(out: pd.DataFrame) -> pd.DataFrame:
@@ -97,8 +105,13 @@ def throughput_table(out: pd.DataFrame) -> pd.DataFrame:
         for group, g in sel.groupby("source_group"):
             rows.append({"precision": prec_name, "source_group": group, **error_stats(g["ape"])})
         rows.append({"precision": prec_name, "source_group": "ALL", **error_stats(sel["ape"])})
-        rows.append({"precision": prec_name, "source_group": "ALL (held out)",
-                     **error_stats(sel.loc[~sel["fit_set"], "ape"])})
+        rows.append(
+            {
+                "precision": prec_name,
+                "source_group": "ALL (held out)",
+                **error_stats(sel.loc[~sel["fit_set"], "ape"]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -106,16 +119,27 @@ def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
     """Within each (model, GPU count) group of the Ultra-Scale Playbook sweep: Spearman rank
     correlation of predicted vs measured throughput, and the measured loss from running the
     predicted best instead of the measured best."""
-    pb = out[(out["source_group"] == "Ultra-Scale Playbook") & (out["status"] == "ok")
-             & out["measured_tps"].notna() & (out["error"] == "")]
+    pb = out[
+        (out["source_group"] == "Ultra-Scale Playbook")
+        & (out["status"] == "ok")
+        & out["measured_tps"].notna()
+        & (out["error"] == "")
+    ]
     rows = []
     for (model, gpus), g in pb.groupby(["model", "num_gpus"]):
         if len(g) < 3:
             continue
         rho = spearmanr(g["pred_tokens_per_s_per_gpu"].astype(float), g["measured_tps"])[0]
         pick = g.loc[g["pred_tokens_per_s_per_gpu"].astype(float).idxmax(), "measured_tps"]
-        rows.append({"model": model, "num_gpus": int(gpus), "configs": len(g), "spearman": rho,
-                     "loss_%": 100 * (1 - pick / g["measured_tps"].max())})
+        rows.append(
+            {
+                "model": model,
+                "num_gpus": int(gpus),
+                "configs": len(g),
+                "spearman": rho,
+                "loss_%": 100 * (1 - pick / g["measured_tps"].max()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -126,8 +150,13 @@ def fits_table(out: pd.DataFrame) -> pd.DataFrame:
         g = valid[valid["status"] == status]
         if len(g):
             agree = (g["pred_fits"].astype(bool) == want).mean()
-            rows.append({"status": status, "rows": len(g),
-                         "predicted_" + ("fit" if want else "not_fit") + "_%": 100 * agree})
+            rows.append(
+                {
+                    "status": status,
+                    "rows": len(g),
+                    "predicted_" + ("fit" if want else "not_fit") + "_%": 100 * agree,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -135,12 +164,20 @@ def memory_table(out: pd.DataFrame) -> pd.DataFrame:
     meas = pd.to_numeric(out["measured_peak_mem_gb"], errors="coerce")
     sel = out[meas.notna() & (out["error"] == "")]
     ape = (sel["pred_peak_mem_gb"].astype(float) / meas[sel.index] - 1).abs()
-    rows = [{"source_group": grp, **error_stats(ape[g.index])}
-            for grp, g in sel.groupby("source_group")]
+    rows = [
+        {"source_group": grp, **error_stats(ape[g.index])} for grp, g in sel.groupby("source_group")
+    ]
     rows.append({"source_group": "ALL", **error_stats(ape)})
     rows.append({"source_group": "ALL (held out)", **error_stats(ape[~sel["fit_set"]])})
     return pd.DataFrame(rows)
 
 
-__all__ = ["evaluate", "fits_table", "load_training_runs", "memory_table", "playbook_ranking",
-           "predictions", "throughput_table"]
+__all__ = [
+    "evaluate",
+    "fits_table",
+    "load_training_runs",
+    "memory_table",
+    "playbook_ranking",
+    "predictions",
+    "throughput_table",
+]

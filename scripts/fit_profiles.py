@@ -35,8 +35,10 @@ def main() -> None:
     n_time = int(measured.notna().sum())
     n_mem = int(mem_gb.notna().sum())
     groups = ", ".join(sorted(fit.loc[measured.notna(), "source_group"].unique()))
-    print(f"fitted on {n_time} throughput rows ({groups}); {n_mem} peak-memory rows; "
-          f"robust cost {cost:.3f}")
+    print(
+        f"fitted on {n_time} throughput rows ({groups}); {n_mem} peak-memory rows; "
+        f"robust cost {cost:.3f}"
+    )
     for chip, values in constants.items():
         print(chip, {k: round(v, 4) for k, v in values.items()})
     print(f"memory_overhead={overhead:.4f} memory_reserved_gb={reserved:.3f}")
@@ -51,11 +53,21 @@ def main() -> None:
         eff.update({k: round(v, 5) for k, v in constants[source_chip].items()})
         eff["memory_overhead"] = round(overhead, 5)
         eff["memory_reserved_gb"] = round(reserved, 4)
-        rows = int((fit.loc[measured.notna(), "gpu"].map(
-            lambda n: catalog.gpus().get(n.strip().lower()) and catalog.gpus()[
-                n.strip().lower()].chip) == source_chip).sum())
-        how = (f"fitted by scripts/fit_profiles.py on {rows} published {source_chip} runs "
-               "(the sha256(run_id) % 3 == 0 third of ../shared/reference/training_runs.csv)")
+        rows = int(
+            (
+                fit.loc[measured.notna(), "gpu"].map(
+                    lambda n: (
+                        catalog.gpus().get(n.strip().lower())
+                        and catalog.gpus()[n.strip().lower()].chip
+                    )
+                )
+                == source_chip
+            ).sum()
+        )
+        how = (
+            f"fitted by scripts/fit_profiles.py on {rows} published {source_chip} runs "
+            "(the sha256(run_id) % 3 == 0 third of ../shared/reference/training_runs.csv)"
+        )
         if source_chip != chip:
             how = f"copied from the {source_chip} fit: no published {chip} runs to fit on; " + how
         eff["provenance"] = how + f"; memory constants from {n_mem} measured peaks"

@@ -77,28 +77,75 @@ def layer_ops(x: CostInputs) -> list[Op]:
 
     return [
         Op("attn_norm", "memory", saved=norm_saved / sp, moved=4.0 * h / sp),
-        Op("qkv_proj", "gemm", flops=2.0 * h * (q_width + 2 * kv_width) / t,
-           saved=gemm_in * h / sp, gemm_k=h, gemm_n=(q_width + 2 * kv_width) / t,
-           weight_bytes=2.0 * h * (q_width + 2 * kv_width) / t),
-        Op("rope", "memory", moved=(1.0 - x.learned_pos) * 4.0 * (q_width + kv_width) / t,
-           kernels=2.0),
-        Op("attention", "attention", flops=4.0 * s * q_width / t,
-           saved=(2.0 * q_width + 4.0 * kv_width) / t + lse, kernels=1.0 + 3.0 * unfused,
-           bwd_factor=2.5),
-        Op("attention_scores", "memory", saved=scores, moved=unfused * 8.0 * x.heads * s / t,
-           dropped_by_selective=True),
-        Op("out_proj", "gemm", flops=2.0 * q_width * h / t, saved=gemm_in * q_width / t,
-           gemm_k=q_width / t, gemm_n=h, weight_bytes=2.0 * q_width * h / t),
+        Op(
+            "qkv_proj",
+            "gemm",
+            flops=2.0 * h * (q_width + 2 * kv_width) / t,
+            saved=gemm_in * h / sp,
+            gemm_k=h,
+            gemm_n=(q_width + 2 * kv_width) / t,
+            weight_bytes=2.0 * h * (q_width + 2 * kv_width) / t,
+        ),
+        Op(
+            "rope",
+            "memory",
+            moved=(1.0 - x.learned_pos) * 4.0 * (q_width + kv_width) / t,
+            kernels=2.0,
+        ),
+        Op(
+            "attention",
+            "attention",
+            flops=4.0 * s * q_width / t,
+            saved=(2.0 * q_width + 4.0 * kv_width) / t + lse,
+            kernels=1.0 + 3.0 * unfused,
+            bwd_factor=2.5,
+        ),
+        Op(
+            "attention_scores",
+            "memory",
+            saved=scores,
+            moved=unfused * 8.0 * x.heads * s / t,
+            dropped_by_selective=True,
+        ),
+        Op(
+            "out_proj",
+            "gemm",
+            flops=2.0 * q_width * h / t,
+            saved=gemm_in * q_width / t,
+            gemm_k=q_width / t,
+            gemm_n=h,
+            weight_bytes=2.0 * q_width * h / t,
+        ),
         Op("attn_residual", "memory", saved=x.dropout * h / sp, moved=6.0 * h / sp),
         Op("mlp_norm", "memory", saved=norm_saved / sp, moved=4.0 * h / sp),
-        Op("router", "gemm", flops=moe * 2.0 * h * x.experts, saved=moe * 4.0 * x.experts,
-           gemm_k=h, gemm_n=x.experts, weight_bytes=moe * 2.0 * h * x.experts),
-        Op("mlp_up", "gemm", flops=2.0 * h * up_width / t, saved=gemm_in * h / sp,
-           gemm_k=h, gemm_n=up_width / t,
-           weight_bytes=2.0 * h * np.where(gated, 2.0, 1.0) * mlp_weights / t),
+        Op(
+            "router",
+            "gemm",
+            flops=moe * 2.0 * h * x.experts,
+            saved=moe * 4.0 * x.experts,
+            gemm_k=h,
+            gemm_n=x.experts,
+            weight_bytes=moe * 2.0 * h * x.experts,
+        ),
+        Op(
+            "mlp_up",
+            "gemm",
+            flops=2.0 * h * up_width / t,
+            saved=gemm_in * h / sp,
+            gemm_k=h,
+            gemm_n=up_width / t,
+            weight_bytes=2.0 * h * np.where(gated, 2.0, 1.0) * mlp_weights / t,
+        ),
         Op("activation", "memory", saved=act_saved / t, moved=act_moved / t),
-        Op("mlp_down", "gemm", flops=2.0 * mlp_width * h / t, saved=gemm_in * mlp_width / t,
-           gemm_k=mlp_width / t, gemm_n=h, weight_bytes=2.0 * mlp_weights * h / t),
+        Op(
+            "mlp_down",
+            "gemm",
+            flops=2.0 * mlp_width * h / t,
+            saved=gemm_in * mlp_width / t,
+            gemm_k=mlp_width / t,
+            gemm_n=h,
+            weight_bytes=2.0 * mlp_weights * h / t,
+        ),
         Op("mlp_residual", "memory", saved=x.dropout * h / sp, moved=6.0 * h / sp),
     ]
 
@@ -118,8 +165,15 @@ def head_ops(x: CostInputs) -> list[Op]:
     norm_saved = np.where(x.layernorm > 0, 2.0 * h + 8.0, 2.0 * h + 4.0)
     return [
         Op("final_norm", "memory", saved=norm_saved / sp, moved=4.0 * h / sp),
-        Op("lm_head", "gemm", flops=2.0 * h * v / t, saved=2.0 * h / sp, gemm_k=h,
-           gemm_n=v / t, weight_bytes=2.0 * h * v / t),
+        Op(
+            "lm_head",
+            "gemm",
+            flops=2.0 * h * v / t,
+            saved=2.0 * h / sp,
+            gemm_k=h,
+            gemm_n=v / t,
+            weight_bytes=2.0 * h * v / t,
+        ),
         Op("cross_entropy", "memory", saved=4.0 * v / t, moved=12.0 * v / t, kernels=3.0),
     ]
 
@@ -127,8 +181,7 @@ def head_ops(x: CostInputs) -> list[Op]:
 def embedding_ops(x: CostInputs) -> list[Op]:
     """The first stage's embedding lookup (plus dropout mask where the model has dropout)."""
     sp = _sp_div(x)
-    return [Op("embedding", "memory", saved=x.dropout * x.hidden / sp,
-               moved=4.0 * x.hidden / sp)]
+    return [Op("embedding", "memory", saved=x.dropout * x.hidden / sp, moved=4.0 * x.hidden / sp)]
 
 
 def total(ops: list[Op], attr: str) -> Col:

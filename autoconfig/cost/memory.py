@@ -53,8 +53,7 @@ def stage_params(x: CostInputs) -> StageParams:
     single = x.pp == 1
     dense_first = per_stage * layer_dense + first_extra + np.where(single, head, 0.0)
     dense_last = per_stage * layer_dense + head + np.where(single, first_extra, 0.0)
-    return StageParams(dense_first, dense_last, per_stage * layer_expert, layer_dense,
-                       layer_expert)
+    return StageParams(dense_first, dense_last, per_stage * layer_expert, layer_dense, layer_expert)
 
 
 def state_bytes(params: Col, shard: Col, zero: Col) -> tuple[Col, Col, Col]:
@@ -90,9 +89,16 @@ class Memory:
 
     @property
     def total(self) -> Col:
-        return (self.weights + self.gradients + self.optimizer + self.activations
-                + self.pipeline_in_flight + self.logits_embedding + self.transient
-                + self.overhead)
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.pipeline_in_flight
+            + self.logits_embedding
+            + self.transient
+            + self.overhead
+        )
 
 
 def layer_activation_bytes(x: CostInputs, tokens: Col) -> tuple[Col, Col, Col]:
@@ -124,15 +130,25 @@ def memory(x: CostInputs) -> Memory:
 
     first_flight, last_flight = in_flight(x, 0.0), in_flight(x, x.pp - 1.0)
     parts = []
-    for params, flight, buffers in ((p.dense_first, first_flight, emb * first_flight),
-                                    (p.dense_last, last_flight, head)):
+    for params, flight, buffers in (
+        (p.dense_first, first_flight, emb * first_flight),
+        (p.dense_last, last_flight, head),
+    ):
         w, g, o = state_bytes(params, shard, x.zero)
         single = x.pp == 1
         buffers = np.where(single, emb + head, buffers)
-        parts.append((w + ew, g + eg, o + eo, stage_act, stage_act * (flight - 1.0), buffers,
-                      transient + zero3_gather))
-    first, last = (np.stack([np.broadcast_to(a, np.broadcast(*s).shape) for a in s])
-                   for s in parts)
+        parts.append(
+            (
+                w + ew,
+                g + eg,
+                o + eo,
+                stage_act,
+                stage_act * (flight - 1.0),
+                buffers,
+                transient + zero3_gather,
+            )
+        )
+    first, last = (np.stack([np.broadcast_to(a, np.broadcast(*s).shape) for a in s]) for s in parts)
     use_last = last.sum(axis=0) > first.sum(axis=0)
     chosen = np.where(use_last, last, first)
     subtotal = chosen.sum(axis=0)

@@ -84,8 +84,17 @@ class StepTime:
 
     @property
     def total(self) -> Col:
-        return (self.compute + self.launch + self.tp_comm + self.cp_comm + self.ep_comm + self.pp_comm
-                + self.bubble + self.dp_comm + self.optimizer)
+        return (
+            self.compute
+            + self.launch
+            + self.tp_comm
+            + self.cp_comm
+            + self.ep_comm
+            + self.pp_comm
+            + self.bubble
+            + self.dp_comm
+            + self.optimizer
+        )
 
 
 def step_time(x: CostInputs) -> StepTime:
@@ -117,8 +126,13 @@ def step_time(x: CostInputs) -> StepTime:
     single = x.pp == 1
     ends = f_emb + b_emb + f_head + b_head
     stage_fwd = per_stage * f_layer + np.where(single, f_emb + f_head, f_head)
-    stage_compute = _busiest_stage(x, per_stage, f_layer + b_layer + extra_fwd / per_stage,
-                                   ends, np.where(single, ends, f_head + b_head))
+    stage_compute = _busiest_stage(
+        x,
+        per_stage,
+        f_layer + b_layer + extra_fwd / per_stage,
+        ends,
+        np.where(single, ends, f_head + b_head),
+    )
 
     # TP time inside the layer times above, broken out for the report; the embedding and the
     # vocab-parallel cross-entropy add two more reduces.
@@ -166,8 +180,7 @@ def step_time(x: CostInputs) -> StepTime:
     )
 
 
-def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_extra: Col
-                   ) -> Col:
+def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_extra: Col) -> Col:
     """Compute time per micro-batch of the slowest pipeline rank.
 
     An even split puts layers/pp layers on every rank plus the LM head (and loss) on the last.
@@ -181,8 +194,9 @@ def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_ex
     return np.where(x.pp > 1, np.minimum(even, np.maximum(balanced, ends)), even)
 
 
-def _data_parallel(x: CostInputs, m: Col, per_stage: Col, f_layer: Col, b_layer: Col,
-                   stage_fwd: Col) -> tuple[Col, Col]:
+def _data_parallel(
+    x: CostInputs, m: Col, per_stage: Col, f_layer: Col, b_layer: Col, stage_fwd: Col
+) -> tuple[Col, Col]:
     """Exposed gradient/weight communication and the optimizer step, per step."""
     p = stage_params(x)
     params = np.maximum(p.dense_first, p.dense_last) + p.expert
@@ -198,8 +212,9 @@ def _data_parallel(x: CostInputs, m: Col, per_stage: Col, f_layer: Col, b_layer:
     zero12 = np.maximum(rs - window_b, 0.0) + np.maximum(ag - window_f, 0.0)
     # ZeRO-3: every micro-batch gathers weights twice and reduce-scatters gradients; the
     # first layer's gather cannot hide behind anything.
-    per_mb = (np.maximum(ag - per_stage * f_layer, 0.0)
-              + np.maximum(ag + rs - per_stage * b_layer, 0.0))
+    per_mb = np.maximum(ag - per_stage * f_layer, 0.0) + np.maximum(
+        ag + rs - per_stage * b_layer, 0.0
+    )
     zero3 = m * per_mb + ag / np.maximum(per_stage, 1.0)
     dp_comm = np.select([x.zero >= 3, x.zero >= 1], [zero3, zero12], zero0)
     dp_comm = np.where(size > 1, dp_comm, 0.0)

@@ -1,0 +1,147 @@
+"""The command line: parse flags, call the Python API, render. No modelling happens here."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+
+import pandas as pd
+import typer
+
+from autoconfig import api, catalog
+from autoconfig.errors import UserError
+from autoconfig.report import terminal
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Find the fastest parallel configuration to train a transformer.",
+)
+
+
+class RecomputeOpt(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class PrecisionOpt(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+@app.command()
+def estimate(
+    model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
+    gpu: str = typer.Option("h100-sxm-80gb", help="GPU profile name (see `autoconfig gpus`)"),
+    gpus: int = typer.Option(None, help="total number of GPUs"),
+    tp: int = typer.Option(1, help="tensor-parallel degree"),
+    pp: int = typer.Option(1, help="pipeline stages"),
+    vp: int = typer.Option(1, help="virtual stages per pipeline rank (interleaved 1F1B)"),
+    cp: int = typer.Option(1, help="context-parallel degree"),
+    ep: int = typer.Option(1, help="expert-parallel degree (MoE)"),
+    dp: int = typer.Option(None, help="data-parallel degree (default: gpus / (tp*pp*cp))"),
+    sp: bool = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on if tp>1)"),
+    mbs: int = typer.Option(1, help="micro-batch size in sequences"),
+    gbs: int = typer.Option(None, help="global batch size in sequences (default: dp*mbs)"),
+    seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
+    recompute: RecomputeOpt = typer.Option("none", help="activation recompute"),
+    recompute_layers: int = typer.Option(None, help="with full recompute: layers per stage"),
+    zero: int = typer.Option(1, min=0, max=3, help="0, 1 (distributed optimizer), 2, 3 (FSDP)"),
+    precision: PrecisionOpt = typer.Option("bf16", help="training precision"),
+    flash: bool = typer.Option(True, "--flash/--no-flash", help="flash attention"),
+    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    runs: Path = typer.Option(None, help="CSV of runs (reference columns) to estimate in batch"),
+    out: Path = typer.Option(None, help="with --runs: where to write predictions CSV"),
+) -> None:
+    """Predict memory and step time of one configuration (or every row of --runs)."""
+    if runs is not None:
+        _estimate_batch(runs, out)
+        return
+    if model is None or gpus is None:
+        raise UserError("estimate: give --model and --gpus (or --runs CSV)")
+    result = api.estimate(
+        model,
+        gpu,
+        gpus,
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        cp=cp,
+        ep=ep,
+        dp=dp,
+        sp=sp,
+        mbs=mbs,
+        gbs=gbs,
+        seq_len=seq_len,
+        recompute=recompute.value,
+        recompute_layers=recompute_layers,
+        zero=zero,
+        precision=precision.value,
+        flash_attention=flash,
+        gpus_per_node=gpus_per_node,
+    )
+    row = result.iloc[0]
+    terminal.print_view(terminal.estimate_view(row, row))
+
+
+def _estimate_batch(runs: Path, out: Path | None) -> None:
+    try:
+        frame = pd.read_csv(runs, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise UserError(f"runs: no such file '{runs}'") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UserError(f"runs: '{runs}' is not a readable CSV ({str(exc).strip()})") from None
+    result = api.estimate_frame(frame)
+    bad = int((result["error"] != "").sum())
+    if out is None:
+        result.to_csv(sys.stdout, index=False)
+    else:
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        result.to_csv(tmp, index=False)
+        tmp.replace(out)  # never leave a half-written file behind
+        print(f"wrote {len(result)} rows to {out} ({bad} with an error)", file=sys.stderr)
+
+
+@app.command()
+def models() -> None:
+    """List the catalog models with their parameter counts."""
+    unique = {id(m): m for m in catalog.models().values()}
+    terminal.print_view(terminal.models_table(sorted(unique.values(), key=lambda m: m.name)))
+
+
+@app.command()
+def gpus() -> None:
+    """List the GPU profiles: datasheet figures and calibrated efficiency."""
+    terminal.print_view(terminal.gpus_table(list(catalog.gpus().values())))
+
+
+def main() -> None:
+    """Entry point: bad input is one line on stderr and exit code 2, never a traceback."""
+    try:
+        code = app(standalone_mode=False)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as exc:  # usage errors: unknown flag, bad number, ...
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            sys.exit(0)
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        hint = getattr(exc, "param_hint", None) or getattr(
+            getattr(exc, "param", None), "name", None
+        )
+        where = f"{hint}: " if isinstance(hint, str) and hint not in message else ""
+        print(f"error: {where}{' '.join(message.split())}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Rich terminal views: one estimate's breakdown, and the model/GPU catalog tables."""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+from rich.console import Console, Group
+from rich.table import Table
+
+from autoconfig.specs import GPUSpec, ModelSpec
+
+MEMORY_PARTS = (
+    ("weights", "mem_weights_gb"),
+    ("gradients", "mem_gradients_gb"),
+    ("optimizer states", "mem_optimizer_gb"),
+    ("activations (1 micro-batch)", "mem_activations_gb"),
+    ("pipeline in-flight", "mem_pipeline_in_flight_gb"),
+    ("logits / embedding buffers", "mem_logits_embedding_gb"),
+    ("recompute / gather working set", "mem_transient_gb"),
+    ("overhead allowance", "mem_overhead_gb"),
+)
+TIME_PARTS = (
+    ("compute (fwd+bwd+recompute)", "time_compute_s"),
+    ("kernel-launch bound", "time_launch_s"),
+    ("TP communication", "time_tp_comm_s"),
+    ("CP communication", "time_cp_comm_s"),
+    ("EP communication", "time_ep_comm_s"),
+    ("PP communication", "time_pp_comm_s"),
+    ("pipeline bubble", "time_bubble_s"),
+    ("DP communication (exposed)", "time_dp_comm_s"),
+    ("optimizer + step overhead", "time_optimizer_s"),
+)
+
+
+def _layout(row: pd.Series) -> str:
+    parts = [
+        f"{k}{int(row[k])}"
+        for k in ("dp", "tp", "pp", "vp", "cp", "ep")
+        if k in ("dp", "tp", "pp") or int(row[k]) > 1
+    ]
+    sp = " sp" if str(row.get("sp", "")).lower() in ("y", "true", "1") else ""
+    return " ".join(parts) + sp
+
+
+def estimate_view(row: pd.Series, resolved: pd.Series) -> Group:
+    """The breakdown of one estimate."""
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("model", f"{row['model']} on {int(row['num_gpus'])} x {row['gpu']}")
+    head.add_row(
+        "layout",
+        f"{_layout(resolved)}  mbs {int(resolved['mbs'])}  gbs {int(row['gbs'])}"
+        f"  seq {int(row['seq_len'])}",
+    )
+    head.add_row(
+        "options",
+        f"recompute {resolved['recompute']}  zero {int(resolved['zero'])}  "
+        f"{resolved['precision']}  flash {'on' if resolved['flash_attention'] else 'off'}"
+        f"  sp {'on' if resolved['sp'] else 'off'}",
+    )
+
+    cap = float(row["mem_capacity_gb"])
+    mem = Table(title="Memory per GPU (GiB)", title_justify="left")
+    mem.add_column("part")
+    mem.add_column("GiB", justify="right")
+    mem.add_column("share", justify="right")
+    total = float(row["pred_peak_mem_gb"])
+    for label, col in MEMORY_PARTS:
+        value = float(row[col])
+        mem.add_row(label, f"{value:,.2f}", f"{100 * value / total:.0f}%" if total else "")
+    verdict = "[green]fits[/green]" if bool(row["pred_fits"]) else "[red]does not fit[/red]"
+    mem.add_row("[bold]peak[/bold]", f"[bold]{total:,.2f}[/bold]", f"of {cap:g} GiB: {verdict}")
+
+    step = float(row["pred_step_time_s"])
+    tim = Table(title="Step time (s)", title_justify="left")
+    tim.add_column("part")
+    tim.add_column("seconds", justify="right")
+    tim.add_column("share", justify="right")
+    for label, col in TIME_PARTS:
+        value = float(row[col])
+        if value > 0:
+            tim.add_row(label, f"{value:,.4f}", f"{100 * value / step:.1f}%")
+    tim.add_row("[bold]step[/bold]", f"[bold]{step:,.4f}[/bold]", "")
+
+    perf = Table.grid(padding=(0, 2))
+    perf.add_column(style="bold")
+    perf.add_column(justify="right")
+    perf.add_row("tokens/s/GPU", f"{float(row['pred_tokens_per_s_per_gpu']):,.0f}")
+    perf.add_row("model TFLOP/s/GPU", f"{float(row['pred_model_tflops_per_gpu']):,.1f}")
+    perf.add_row("MFU", f"{100 * float(row['pred_mfu']):.1f}%")
+    return Group(head, "", mem, "", tim, "", perf)
+
+
+def models_table(models: list[ModelSpec]) -> Table:
+    table = Table(title="Models")
+    for col in (
+        "name",
+        "params",
+        "active",
+        "layers",
+        "hidden",
+        "heads/kv",
+        "ffn",
+        "vocab",
+        "mlp",
+        "norm",
+        "seq",
+    ):
+        table.add_column(col, justify="left" if col in ("name", "mlp", "norm") else "right")
+    for m in models:
+        active = m.param_count(active_only=True)
+        table.add_row(
+            m.name,
+            f"{m.param_count() / 1e9:,.2f}B",
+            f"{active / 1e9:,.2f}B" if m.is_moe else "",
+            str(m.layers),
+            str(m.hidden),
+            f"{m.heads}/{m.kv}",
+            str(m.expert_ffn if m.is_moe else m.ffn),
+            str(m.vocab),
+            m.mlp + (f" {m.num_experts}x top{m.topk}" if m.is_moe else ""),
+            m.norm,
+            str(m.seq_len),
+        )
+    return table
+
+
+def gpus_table(gpus: list[GPUSpec]) -> Table:
+    table = Table(title="GPUs")
+    for col in (
+        "name",
+        "bf16 TFLOP/s",
+        "fp8",
+        "HBM GiB",
+        "TB/s",
+        "NVLink GB/s",
+        "net GB/s",
+        "GEMM eff",
+        "calibration",
+    ):
+        table.add_column(col, justify="left" if col in ("name", "calibration") else "right")
+    for g in gpus:
+        fp8 = g.peak_tflops.get("fp8")
+        table.add_row(
+            g.name,
+            f"{g.peak('bf16'):g}",
+            f"{fp8:g}" if fp8 else "-",
+            f"{g.memory_gb:g}",
+            f"{g.memory_tb_s:g}",
+            f"{g.cluster.intra_node_gb_s:g}",
+            f"{g.cluster.inter_node_gb_s:g}",
+            f"{g.efficiency.gemm:.2f}",
+            g.efficiency.provenance.split(";")[0][:60],
+        )
+    return table
+
+
+def print_view(view: object) -> None:
+    # Piped output (files, CI logs) gets a wide fixed width instead of rich's 80 columns.
+    Console(width=None if sys.stdout.isatty() else 160).print(view)

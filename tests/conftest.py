@@ -1,0 +1,46 @@
+"""Shared helpers: cost-model inputs for catalog models with any layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoconfig import catalog
+from autoconfig.cost import CostInputs
+from autoconfig.cost.inputs import hardware_columns, model_columns
+
+DEFAULT_LAYOUT = {
+    "dp": 1,
+    "tp": 1,
+    "pp": 1,
+    "vp": 1,
+    "cp": 1,
+    "ep": 1,
+    "sp": 0,
+    "mbs": 1,
+    "gbs": 1,
+    "seq": 2048,
+    "recompute": 0,
+    "recompute_layers": 0,
+    "zero": 0,
+    "fp8": 0,
+    "flash": 1,
+    "overlap_grad_reduce": 1,
+}
+
+
+def make_inputs(model: str = "gpt3-175b", gpu: str = "a100-sxm-80gb", **layout) -> CostInputs:
+    spec = catalog.get_model(model)
+    g = catalog.get_gpu(gpu)
+    cols = {**model_columns(spec), **hardware_columns(g, g.cluster, "bf16"), **DEFAULT_LAYOUT}
+    for key, value in layout.items():
+        if key in model_columns(spec):
+            cols[key] = value
+        else:
+            cols[key] = value
+    return CostInputs.from_columns({k: np.asarray(v, dtype=float) for k, v in cols.items()})
+
+
+@pytest.fixture
+def inputs():
+    return make_inputs

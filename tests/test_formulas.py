@@ -1,0 +1,140 @@
+"""Hand-computed cases from the papers the cost model cites."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_inputs
+
+from autoconfig import catalog
+from autoconfig.cost import comm, evaluate
+from autoconfig.cost.flops import model_flops_per_token
+from autoconfig.cost.memory import in_flight, layer_activation_bytes, state_bytes
+from autoconfig.cost.timing import step_time
+
+S, B = 2048, 1
+H, A = 12288, 96  # GPT-3 175B
+
+
+def _korthikanti(tp: int, sp: bool, recompute: int) -> float:
+    """Per-layer activation bytes, Korthikanti et al. 2022, Table 2."""
+    sbh = S * B * H
+    scores = 5 * A * S / H
+    if recompute == 2:
+        return 2 * sbh / (tp if sp else 1)
+    if recompute == 1:
+        return 34 * sbh / tp if sp else sbh * (10 + 24 / tp)
+    if sp:
+        return sbh / tp * (34 + scores)
+    return sbh * (10 + 24 / tp + scores / tp)
+
+
+LAYOUTS = [(1, False), (2, False), (8, False), (2, True), (8, True)]  # (tp, sp)
+
+
+@pytest.mark.parametrize(("tp", "sp"), LAYOUTS)
+@pytest.mark.parametrize("recompute", [0, 1, 2])
+def test_gpt_activations_match_korthikanti(tp: int, sp: bool, recompute: int) -> None:
+    x = make_inputs("gpt3-175b", tp=tp, sp=float(sp), flash=0.0, dropout=1.0, mbs=B, seq=S)
+    plain, selective, full = layer_activation_bytes(x, np.float64(S * B))
+    got = (plain, selective, full)[recompute]
+    # LayerNorm keeps 8 bytes of fp32 statistics per token per norm, which the paper ignores.
+    assert float(got) == pytest.approx(_korthikanti(tp, sp, recompute), rel=1e-3)
+
+
+def test_flash_attention_removes_the_quadratic_term() -> None:
+    unfused = make_inputs("gpt3-175b", flash=0.0, dropout=1.0)
+    flash = make_inputs("gpt3-175b", flash=1.0, dropout=1.0)
+    plain_unfused = layer_activation_bytes(unfused, np.float64(S))[0]
+    plain_flash = layer_activation_bytes(flash, np.float64(S))[0]
+    quadratic = 5 * A * S * S
+    # flash keeps a 4-byte log-sum-exp per head per token instead of the scores
+    assert float(plain_unfused - plain_flash) == pytest.approx(quadratic - 4 * A * S, rel=1e-9)
+
+
+def test_mixed_precision_adam_is_18_bytes_per_param() -> None:
+    w, g, o = state_bytes(np.float64(1.0), np.float64(64.0), np.float64(0.0))
+    assert float(w + g + o) == 18.0
+
+
+@pytest.mark.parametrize("d", [1, 2, 8, 64])
+def test_distributed_optimizer_is_6_plus_12_over_d(d: int) -> None:
+    w, g, o = state_bytes(np.float64(1.0), np.float64(d), np.float64(1.0))
+    assert float(w + g + o) == pytest.approx(6 + 12 / d)
+
+
+def test_zero3_shards_everything() -> None:
+    w, g, o = state_bytes(np.float64(1.0), np.float64(8.0), np.float64(3.0))
+    assert float(w + g + o) == pytest.approx(18 / 8)
+
+
+@pytest.mark.parametrize(("p", "m", "expected"), [(4, 16, 4), (8, 3, 3), (1, 8, 1)])
+def test_one_f_one_b_first_stage_holds_min_m_p(p: int, m: int, expected: int) -> None:
+    x = make_inputs("gpt3-175b", pp=p, dp=1, mbs=1, gbs=m)
+    assert float(in_flight(x, np.float64(0.0))) == expected
+
+
+@pytest.mark.parametrize(("p", "v"), [(4, 2), (8, 3), (16, 2)])
+def test_interleaved_first_stage_factor(p: int, v: int) -> None:
+    x = make_inputs("gpt3-175b", pp=p, vp=v, dp=1, mbs=1, gbs=256)
+    assert float(in_flight(x, np.float64(0.0))) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 1, 16), (8, 2, 32), (2, 3, 8)])
+def test_bubble_fraction(p: int, v: int, m: int) -> None:
+    x = make_inputs("gpt3-175b", pp=p, vp=v, dp=1, mbs=1, gbs=m, tp=8, sp=1.0)
+    t = step_time(x)
+    busy = t.compute + t.launch + t.tp_comm
+    assert float(t.bubble / busy) == pytest.approx((p - 1) / (v * m), rel=1e-9)
+
+
+@pytest.mark.parametrize("n", [2, 8, 64])
+def test_ring_all_reduce_volume(n: int) -> None:
+    link = comm.Link(np.float64(100e9), np.float64(0.0))
+    nbytes = np.float64(1e9)
+    assert float(comm.all_reduce(nbytes, np.float64(n), link)) == pytest.approx(
+        2 * (n - 1) / n * 1e9 / 100e9
+    )
+    assert float(comm.all_gather(nbytes, np.float64(n), link)) == pytest.approx(
+        (n - 1) / n * 1e9 / 100e9
+    )
+
+
+def test_tp_group_crossing_a_node_uses_the_network() -> None:
+    inside = comm.tp_link(make_inputs(tp=8))
+    across = comm.tp_link(make_inputs(tp=16))
+    assert float(across.bandwidth) < float(inside.bandwidth)
+
+
+def test_model_flops_match_narayanan_formula() -> None:
+    spec = catalog.get_model("gpt3-175b")
+    x = make_inputs("gpt3-175b", tp=8)
+    layers, h, s, v = spec.layers, spec.hidden, 2048, spec.vocab
+    expected = 72 * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
+    assert float(model_flops_per_token(x)) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [
+        ("llama3-8b", 8.03),
+        ("llama2-70b", 68.98),
+        ("gpt3-175b", 174.6),
+        ("llama3-405b", 405.9),
+        ("mixtral-8x7b", 46.7),
+    ],
+)
+def test_catalog_parameter_counts(name: str, billions: float) -> None:
+    assert catalog.get_model(name).param_count() / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_mixtral_active_parameters() -> None:
+    assert catalog.get_model("mixtral-8x7b").param_count(active_only=True) / 1e9 == (
+        pytest.approx(12.9, rel=0.02)
+    )
+
+
+def test_fits_compares_peak_with_capacity() -> None:
+    out = evaluate(make_inputs("gpt3-175b", tp=1, dp=1))
+    assert not bool(out["pred_fits"][0])  # 175B on one GPU cannot fit
+    assert float(out["pred_peak_mem_gb"][0]) > 175e9 * 18 / 2**30
