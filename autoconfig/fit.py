@@ -31,8 +31,8 @@ TIME_PARAMS = {
     "kernel_us": ("kernel_s", 1e-6, 0.0, 100.0),
     "intra_node_bus": ("eff_intra", 1.0, 0.02, 1.0),
     "inter_node_bus": ("eff_inter", 1.0, 0.02, 1.0),
-    "intra_node_latency_us": ("lat_intra_s", 1e-6, 0.0, 200.0),
-    "inter_node_latency_us": ("lat_inter_s", 1e-6, 0.0, 500.0),
+    "intra_node_latency_us": ("lat_intra_s", 1e-6, 0.0, 30.0),
+    "inter_node_latency_us": ("lat_inter_s", 1e-6, 0.0, 60.0),
     "step_overhead_ms": ("step_overhead_s", 1e-3, 0.0, 2000.0),
 }
 
