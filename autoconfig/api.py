@@ -6,10 +6,13 @@ import numpy as np
 import pandas as pd
 
 from autoconfig import catalog
+from autoconfig.advice import closest_fix
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError
 from autoconfig.frame import prepare
-from autoconfig.specs import ModelSpec
+from autoconfig.rank import Constraints, cost_inputs, explain_winner, rank
+from autoconfig.space import enumerate_candidates, load_space
+from autoconfig.specs import ModelSpec, SearchSpace
 
 
 def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
@@ -121,4 +124,137 @@ def estimate(
     for col in ("dp", "sp", "zero", "recompute", "precision", "flash_attention"):
         out[col] = resolved[col].to_numpy()
     out["mbs"] = resolved["mbs"].to_numpy()
+    return out
+
+
+def default_gbs(model: ModelSpec, seq_len: int, gpus: int) -> int:
+    """A batch of about 4M tokens for large models (2M under 20B parameters), in a power of two
+    of sequences, the order of batch the GPT-3 and Llama 3 papers trained with."""
+    tokens = 4 * 2**20 if model.param_count() >= 20e9 else 2 * 2**20
+    gbs = 2 ** max(0, round(np.log2(tokens / seq_len)))
+    while gbs * 8 < gpus:  # room for data parallelism on very large clusters (Llama 3 405B
+        gbs *= 2  # trained with 16M-token batches on 16K GPUs)
+    return int(gbs)
+
+
+def search(
+    model: str | ModelSpec,
+    gpus: int,
+    gpu: str = "h100-sxm-80gb",
+    *,
+    seq_len: int | None = None,
+    gbs: int | None = None,
+    precision: str = "bf16",
+    space: SearchSpace | str | None = None,
+    fix: dict[str, object] | None = None,
+    max_tp: int | None = None,
+    max_pp: int | None = None,
+    min_dp: int | None = None,
+    max_memory_gb: float | None = None,
+    memory_headroom: float = 0.0,
+    gpus_per_node: int | None = None,
+    flash_attention: bool = True,
+) -> pd.DataFrame:
+    """Every valid layout for `gpus` GPUs, evaluated and ranked (feasible first, best first).
+
+    The frame's `attrs` hold the search's context: enumerated and dropped counts, the batch
+    used (and whether it was chosen for the user), the winner's explanation, and advice when
+    nothing fits.
+    """
+    spec = catalog.get_model(model) if isinstance(model, str) else model
+    gpu_spec = catalog.get_gpu(gpu)
+    if gpus < 1:
+        raise UserError(f"gpus: must be a positive integer (got {gpus})")
+    if not 0 <= memory_headroom < 1:
+        raise UserError(f"memory-headroom: must be a fraction in [0, 1) (got {memory_headroom})")
+    if precision == "fp8" and "fp8" not in gpu_spec.peak_tflops:
+        raise UserError(f"precision: {gpu} has no fp8 tensor cores")
+    cluster = catalog.cluster_for(gpu_spec, gpus_per_node)
+    seq = seq_len or spec.seq_len
+    if spec.max_seq_len and seq > spec.max_seq_len:
+        raise UserError(f"seq-len: {seq} exceeds {spec.name}'s context of {spec.max_seq_len}")
+    chosen_gbs = gbs is None
+    batch = gbs if gbs is not None else default_gbs(spec, seq, gpus)
+    if batch < 1:
+        raise UserError(f"gbs: must be a positive integer (got {batch})")
+    space_spec = space if isinstance(space, SearchSpace) else load_space(space)
+    fixed = _check_fixed(fix or {})
+    if max_tp is not None and min(space_spec.tp) > max_tp:
+        raise UserError(f"max-tp: {max_tp} is below every tp in the space {space_spec.tp}")
+    if "tp" in fixed and max_tp is not None and int(fixed["tp"]) > max_tp:
+        raise UserError(f"fix: tp={fixed['tp']} contradicts --max-tp {max_tp}")
+    if "pp" in fixed and max_pp is not None and int(fixed["pp"]) > max_pp:
+        raise UserError(f"fix: pp={fixed['pp']} contradicts --max-pp {max_pp}")
+
+    cands = enumerate_candidates(spec, gpus, batch, seq, space_spec, cluster.gpus_per_node)
+    if cands.table.empty:
+        reasons = ", ".join(f"{k} ({v})" for k, v in cands.dropped.items())
+        raise UserError(
+            f"gpus: no layout of {spec.name} uses {gpus} GPUs with gbs {batch} (dropped: {reasons})"
+        )
+    inputs = cost_inputs(
+        spec, gpu_spec, cluster, precision, cands.table, batch, seq, flash_attention
+    )
+    constraints = Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gb, memory_headroom)
+    with np.errstate(all="ignore"):
+        ranked = rank(cands.table, inputs, constraints)
+    feasible = int((ranked["pruned"] == "").sum())
+    ranked.attrs.update(
+        model=spec.name,
+        gpu=gpu_spec.name,
+        gpus=gpus,
+        seq_len=seq,
+        gbs=batch,
+        gbs_chosen=chosen_gbs,
+        precision=precision,
+        layers=spec.layers,
+        enumerated=cands.enumerated,
+        dropped=cands.dropped,
+        evaluated=len(ranked),
+        feasible=feasible,
+        pruned=ranked.loc[ranked["pruned"] != "", "pruned"]
+        .str.split(":")
+        .str[0]
+        .value_counts()
+        .to_dict(),
+        explanation=explain_winner(ranked),
+        advice=[]
+        if feasible
+        else closest_fix(ranked, spec, gpu_spec, cluster, precision, batch, seq, flash_attention),
+    )
+    return ranked
+
+
+FIXABLE = {
+    "dp": int,
+    "tp": int,
+    "pp": int,
+    "vp": int,
+    "cp": int,
+    "ep": int,
+    "mbs": int,
+    "zero": int,
+    "recompute": str,
+    "sp": bool,
+}
+
+
+def _check_fixed(fix: dict[str, object]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in fix.items():
+        if key not in FIXABLE:
+            raise UserError(f"fix: unknown key '{key}' (allowed: {', '.join(FIXABLE)})")
+        kind = FIXABLE[key]
+        try:
+            if kind is bool:
+                text = str(value).lower()
+                if text not in ("true", "false", "1", "0", "y", "n"):
+                    raise ValueError
+                out[key] = text in ("true", "1", "y")
+            else:
+                out[key] = kind(value)
+        except ValueError:
+            raise UserError(f"fix: {key} must be {kind.__name__} (got '{value}')") from None
+        if kind is str and out[key] not in ("none", "selective", "full"):
+            raise UserError(f"fix: recompute must be none, selective or full (got '{value}')")
     return out

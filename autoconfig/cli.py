@@ -11,7 +11,7 @@ import typer
 
 from autoconfig import api, catalog
 from autoconfig.errors import UserError
-from autoconfig.report import terminal
+from autoconfig.report import exports, files, terminal
 
 app = typer.Typer(
     add_completion=False,
@@ -103,6 +103,77 @@ def _estimate_batch(runs: Path, out: Path | None) -> None:
         result.to_csv(tmp, index=False)
         tmp.replace(out)  # never leave a half-written file behind
         print(f"wrote {len(result)} rows to {out} ({bad} with an error)", file=sys.stderr)
+
+
+class EmitOpt(str, Enum):
+    megatron = "megatron"
+    nemo = "nemo"
+    torchtitan = "torchtitan"
+
+
+@app.command()
+def search(
+    model: str = typer.Option(..., help="catalog name or path to a Hugging Face config.json"),
+    gpus: int = typer.Option(..., help="total number of GPUs"),
+    gpu: str = typer.Option("h100-sxm-80gb", help="GPU profile name (see `autoconfig gpus`)"),
+    seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
+    gbs: int = typer.Option(None, help="global batch in sequences (default: ~2-4M tokens)"),
+    precision: PrecisionOpt = typer.Option("bf16", help="training precision"),
+    space: Path = typer.Option(None, help="search-space YAML overriding search_spaces/"),
+    fix: list[str] = typer.Option(None, help="fix a dimension, e.g. --fix tp=2 (repeatable)"),
+    max_tp: int = typer.Option(None, help="largest tensor-parallel degree"),
+    max_pp: int = typer.Option(None, help="largest pipeline degree"),
+    min_dp: int = typer.Option(None, help="smallest data-parallel degree"),
+    max_memory_gb: float = typer.Option(None, help="per-GPU memory limit, GiB"),
+    memory_headroom: float = typer.Option(0.0, help="fraction of GPU memory to keep free"),
+    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    top: int = typer.Option(10, help="rows to show"),
+    tokens: float = typer.Option(None, help="training tokens: show days (and cost) to train"),
+    gpu_hour_usd: float = typer.Option(None, help="price of one GPU-hour, with --tokens"),
+    out: Path = typer.Option(None, help="folder for results.csv, best.json"),
+    emit: EmitOpt = typer.Option(None, help="print the best as megatron/nemo/torchtitan"),
+) -> None:
+    """Rank every valid parallel layout of a model on N GPUs by predicted throughput."""
+    fixed = {}
+    for item in fix or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise UserError(f"fix: expected key=value (got '{item}')")
+        fixed[key.strip()] = value.strip()
+    if tokens is not None and tokens <= 0:
+        raise UserError(f"tokens: must be positive (got {tokens})")
+    if gpu_hour_usd is not None and gpu_hour_usd <= 0:
+        raise UserError(f"gpu-hour-usd: must be positive (got {gpu_hour_usd})")
+    print(f"searching {model} on {gpus} GPUs ...", file=sys.stderr)
+    ranked = api.search(
+        model,
+        gpus,
+        gpu,
+        seq_len=seq_len,
+        gbs=gbs,
+        precision=precision.value,
+        space=space,
+        fix=fixed,
+        max_tp=max_tp,
+        max_pp=max_pp,
+        min_dp=min_dp,
+        max_memory_gb=max_memory_gb,
+        memory_headroom=memory_headroom,
+        gpus_per_node=gpus_per_node,
+    )
+    terminal.print_view(terminal.search_view(ranked, top, tokens, gpu_hour_usd))
+    if out is not None:
+        files.write_search(ranked, out)
+        print(f"wrote {out}/results.csv and {out}/best.json", file=sys.stderr)
+    if emit is not None and ranked.attrs["feasible"]:
+        a = ranked.attrs
+        print(
+            exports.EXPORTERS[emit.value](
+                ranked.iloc[0], a["layers"], a["gbs"], a["seq_len"], a["precision"]
+            )
+        )
+    if not ranked.attrs["feasible"]:
+        sys.exit(1)
 
 
 @app.command()

@@ -199,3 +199,46 @@ class ParallelConfig(_Spec):
     @property
     def microbatches(self) -> int:
         return self.gbs // (self.dp * self.mbs)
+
+
+class SearchSpace(_Spec):
+    """What the training search tries (search_spaces/*.yaml; CLI constraints narrow it)."""
+
+    tp: list[int] = Field(default=[1, 2, 4, 8], min_length=1)
+    allow_tp_across_nodes: bool = False
+    pp: list[int] = Field(default=[1, 2, 4, 8, 16], min_length=1)
+    vp: list[int] = Field(default=[1, 2], min_length=1)
+    uneven_pipeline: bool = Field(
+        default=True, description="without interleaving, let stages hold ceil/floor layers"
+    )
+    cp: list[int] = Field(default=[1], min_length=1)
+    min_tokens_per_cp_rank: int = Field(
+        default=2048, ge=1, description="context parallelism only while seq/cp stays this long"
+    )
+    ep: list[int] = Field(default=[1], min_length=1)
+    mbs: list[int] = Field(default=[1, 2, 4], min_length=1)
+    sp: list[bool] = Field(default=[True], min_length=1)
+    recompute: list[Recompute] = Field(default=["none", "selective", "full"], min_length=1)
+    full_layers: list[float] = Field(default=[1.0], min_length=1)
+    zero: list[int] = Field(default=[0, 1, 2, 3], min_length=1)
+
+    @field_validator("tp", "pp", "vp", "cp", "ep", "mbs")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(x < 1 for x in v):
+            raise ValueError("values must be positive integers")
+        return sorted(set(v))
+
+    @field_validator("zero")
+    @classmethod
+    def _zero(cls, v: list[int]) -> list[int]:
+        if any(x not in (0, 1, 2, 3) for x in v):
+            raise ValueError("values must be 0, 1, 2 or 3")
+        return sorted(set(v))
+
+    @field_validator("full_layers")
+    @classmethod
+    def _fractions(cls, v: list[float]) -> list[float]:
+        if any(not 0 < x <= 1 for x in v):
+            raise ValueError("values must be fractions in (0, 1]")
+        return sorted(set(v))

@@ -160,3 +160,72 @@ def gpus_table(gpus: list[GPUSpec]) -> Table:
 def print_view(view: object) -> None:
     # Piped output (files, CI logs) gets a wide fixed width instead of rich's 80 columns.
     Console(width=None if sys.stdout.isatty() else 160).print(view)
+
+
+def search_view(
+    ranked: pd.DataFrame, top: int, tokens: float | None, gpu_hour_usd: float | None
+) -> Group:
+    """The top configurations, the pruning summary and why the winner wins."""
+    from autoconfig.rank import layout_label, recompute_label
+
+    a = ranked.attrs
+    feasible = ranked[ranked["pruned"] == ""].head(top)
+    table = Table(
+        title=f"{a['model']} on {a['gpus']} x {a['gpu']}: seq {a['seq_len']}, "
+        f"gbs {a['gbs']}, {a['precision']}",
+        title_justify="left",
+    )
+    for col in (
+        "#",
+        "layout",
+        "mbs",
+        "recompute",
+        "zero",
+        "tokens/s/GPU",
+        "MFU",
+        "step s",
+        "mem GiB",
+    ):
+        table.add_column(col, justify="left" if col in ("layout", "recompute") else "right")
+    if tokens:
+        table.add_column("days", justify="right")
+        if gpu_hour_usd:
+            table.add_column("cost $", justify="right")
+    for _, row in feasible.iterrows():
+        cells = [
+            f"{row['rank']}" + ("~" if row["near_tie"] and row["rank"] != 1 else ""),
+            layout_label(row),
+            str(row["mbs"]),
+            recompute_label(row),
+            str(row["zero"]),
+            f"{row['pred_tokens_per_s_per_gpu']:,.0f}",
+            f"{100 * row['pred_mfu']:.1f}%",
+            f"{row['pred_step_time_s']:.2f}",
+            f"{row['pred_peak_mem_gb']:.1f}/{row['mem_limit_gb']:.0f}",
+        ]
+        if tokens:
+            seconds = tokens / (row["pred_tokens_per_s_per_gpu"] * a["gpus"])
+            cells.append(f"{seconds / 86400:,.1f}")
+            if gpu_hour_usd:
+                cells.append(f"{seconds / 3600 * a['gpus'] * gpu_hour_usd:,.0f}")
+        table.add_row(*cells)
+    dropped = sum(a["dropped"].values())
+    lines = [
+        f"{a['enumerated']:,} candidates enumerated: {dropped:,} broke a divisibility rule, "
+        f"{a['evaluated']:,} evaluated, {a['feasible']:,} feasible"
+        + "".join(f"; {n:,} pruned for {k}" for k, n in a["pruned"].items()),
+    ]
+    if a["gbs_chosen"]:
+        lines.append(
+            f"no --gbs given: used {a['gbs']} sequences "
+            f"({a['gbs'] * a['seq_len'] / 2**20:.1f}M tokens per step)"
+        )
+    if a["explanation"]:
+        lines.append(a["explanation"])
+    lines.extend(a["advice"])
+    if a["feasible"] and (ranked["near_tie"].sum() > 1):
+        lines.append(
+            f"~ marks near-ties: within the model's error of #1 "
+            f"({int(ranked['near_tie'].sum())} configurations)"
+        )
+    return Group(table, *lines)

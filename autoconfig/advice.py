@@ -1,0 +1,69 @@
+"""When nothing fits: the closest candidate and which single change makes it fit, computed by
+re-evaluating the changed layouts with the cost model (not a canned sentence)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from autoconfig.cost import evaluate
+from autoconfig.rank import cost_inputs, layout_label
+
+
+def closest_fix(
+    ranked: pd.DataFrame, model, gpu, cluster, precision: str, gbs: int, seq_len: int, flash: bool
+) -> list[str]:
+    """Lines describing the closest memory-pruned candidate and the changes that fit it."""
+    mem = ranked[ranked["pruned"].str.startswith("memory")]
+    if mem.empty:
+        return []
+    ratio = mem["pred_peak_mem_gb"] / mem["mem_limit_gb"]
+    best = mem.loc[ratio.idxmin()]
+    lines = [
+        f"closest: {layout_label(best)} mbs {best['mbs']} recompute {best['recompute']} "
+        f"zero {best['zero']} needs {best['pred_peak_mem_gb']:.1f} GiB per GPU, "
+        f"limit {best['mem_limit_gb']:.1f} GiB"
+    ]
+    per_stage = max(model.layers // int(best["pp"]), 1)
+    changes = {
+        "ZeRO-3 (shard weights, gradients and optimizer)": {"zero": 3},
+        "ZeRO-1 (distributed optimizer)": {"zero": max(int(best["zero"]), 1)},
+        "full activation recompute": {"recompute": "full", "recompute_layers": per_stage},
+        "micro-batch 1": {"mbs": 1},
+    }
+    rows = []
+    for label, change in changes.items():
+        if all(best[k] == v for k, v in change.items()):
+            continue
+        if change.get("zero", 0) > 0 and int(best["dp"]) * int(best["cp"]) == 1:
+            continue
+        rows.append(
+            (
+                label,
+                {
+                    **best[
+                        [
+                            "dp",
+                            "tp",
+                            "pp",
+                            "vp",
+                            "cp",
+                            "ep",
+                            "sp",
+                            "mbs",
+                            "recompute",
+                            "recompute_layers",
+                            "zero",
+                        ]
+                    ].to_dict(),
+                    **change,
+                },
+            )
+        )
+    if rows:
+        layouts = pd.DataFrame([r for _, r in rows])
+        out = evaluate(cost_inputs(model, gpu, cluster, precision, layouts, gbs, seq_len, flash))
+        for i, (label, _) in enumerate(rows):
+            peak = float(out["pred_peak_mem_gb"][i])
+            verdict = "fits" if peak <= best["mem_limit_gb"] else "still too big"
+            lines.append(f"  with {label}: {peak:.1f} GiB ({verdict})")
+    return lines
