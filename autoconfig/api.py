@@ -10,7 +10,7 @@ from autoconfig.advice import closest_fix
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError
 from autoconfig.frame import prepare
-from autoconfig.rank import Constraints, cost_inputs, explain_winner, rank
+from autoconfig.rank import Constraints, cost_inputs, explain_winner, layout_label, rank
 from autoconfig.space import enumerate_candidates, load_space
 from autoconfig.specs import ModelSpec, SearchSpace
 
@@ -186,6 +186,66 @@ def search(
     if "pp" in fixed and max_pp is not None and int(fixed["pp"]) > max_pp:
         raise UserError(f"fix: pp={fixed['pp']} contradicts --max-pp {max_pp}")
 
+    constraints = Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gb, memory_headroom)
+    ranked = _search_core(
+        spec,
+        gpus,
+        gpu_spec,
+        cluster,
+        precision,
+        batch,
+        seq,
+        space_spec,
+        constraints,
+        flash_attention,
+    )
+    ranked.attrs["gbs_chosen"] = chosen_gbs
+    if not ranked.attrs["feasible"]:
+        advice = closest_fix(
+            ranked, spec, gpu_spec, cluster, precision, batch, seq, flash_attention
+        )
+        for factor in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+            more = gpus * factor
+            more_batch = batch if gbs is not None else default_gbs(spec, seq, more)
+            try:
+                bigger = _search_core(
+                    spec,
+                    more,
+                    gpu_spec,
+                    cluster,
+                    precision,
+                    more_batch,
+                    seq,
+                    space_spec,
+                    constraints,
+                    flash_attention,
+                )
+            except UserError:
+                continue
+            if bigger.attrs["feasible"]:
+                top = bigger.iloc[0]
+                advice.append(
+                    f"  with {more} GPUs (gbs {more_batch}): {layout_label(top)} "
+                    f"fits at {top['pred_peak_mem_gb']:.1f} GiB"
+                )
+                break
+        ranked.attrs["advice"] = advice
+    return ranked
+
+
+def _search_core(
+    spec: ModelSpec,
+    gpus: int,
+    gpu_spec,
+    cluster,
+    precision: str,
+    batch: int,
+    seq: int,
+    space_spec: SearchSpace,
+    constraints: Constraints,
+    flash_attention: bool,
+) -> pd.DataFrame:
+    """Enumerate, evaluate and rank; raises UserError when no layout uses the GPUs."""
     cands = enumerate_candidates(spec, gpus, batch, seq, space_spec, cluster.gpus_per_node)
     if cands.table.empty:
         reasons = ", ".join(f"{k} ({v})" for k, v in cands.dropped.items())
@@ -195,7 +255,6 @@ def search(
     inputs = cost_inputs(
         spec, gpu_spec, cluster, precision, cands.table, batch, seq, flash_attention
     )
-    constraints = Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gb, memory_headroom)
     with np.errstate(all="ignore"):
         ranked = rank(cands.table, inputs, constraints)
     feasible = int((ranked["pruned"] == "").sum())
@@ -205,7 +264,7 @@ def search(
         gpus=gpus,
         seq_len=seq,
         gbs=batch,
-        gbs_chosen=chosen_gbs,
+        gbs_chosen=False,
         precision=precision,
         layers=spec.layers,
         enumerated=cands.enumerated,
@@ -218,9 +277,7 @@ def search(
         .value_counts()
         .to_dict(),
         explanation=explain_winner(ranked),
-        advice=[]
-        if feasible
-        else closest_fix(ranked, spec, gpu_spec, cluster, precision, batch, seq, flash_attention),
+        advice=[],
     )
     return ranked
 

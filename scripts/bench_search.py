@@ -1,0 +1,63 @@
+"""Benchmark of `autoconfig.search`: candidates enumerated and evaluated, configs/s, wall time
+and peak memory, for the issue's three cases (and the end-to-end CLI with Python start-up).
+
+    python scripts/bench_search.py
+"""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+
+from autoconfig import catalog, search
+from autoconfig.cost import evaluate
+from autoconfig.rank import cost_inputs
+from autoconfig.space import enumerate_candidates, load_space
+
+CASES = [("gpt3-175b", 1024), ("llama3-405b", 16384), ("mixtral-8x22b", 512)]
+
+
+def main() -> None:
+    for model, gpus in CASES:
+        start = time.perf_counter()
+        ranked = search(model, gpus)
+        wall = time.perf_counter() - start
+        a = ranked.attrs
+        # The evaluation alone, over the same candidates.
+        spec, gpu = catalog.get_model(model), catalog.get_gpu("h100-sxm-80gb")
+        cands = enumerate_candidates(spec, gpus, a["gbs"], a["seq_len"], load_space(), 8)
+        x = cost_inputs(spec, gpu, gpu.cluster, "bf16", cands.table, a["gbs"], a["seq_len"])
+        t0 = time.perf_counter()
+        evaluate(x)
+        eval_s = time.perf_counter() - t0
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(
+            f"{model} on {gpus}: enumerated {a['enumerated']:,}, evaluated {a['evaluated']:,}"
+            f" ({a['evaluated'] / eval_s:,.0f} configs/s in the cost model), "
+            f"feasible {a['feasible']:,}; search {wall:.2f} s; peak RSS {peak:,.0f} MiB"
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "autoconfig.cli",
+        "search",
+        "--model",
+        "gpt3-175b",
+        "--gpus",
+        "1024",
+    ]
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True)
+        best = min(best, time.perf_counter() - t0)
+    print(
+        f"end to end `autoconfig search --model gpt3-175b --gpus 1024` (Python start "
+        f"included): {best:.2f} s (best of 3)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The search: valid candidates only, honest ranking, constraints, outputs and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoconfig import api, catalog
+from autoconfig.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def gpt175():
+    return api.search("gpt3-175b", 1024)
+
+
+def test_candidates_obey_the_layout_rules(gpt175) -> None:
+    spec = catalog.get_model("gpt3-175b")
+    r = gpt175
+    assert (r["dp"] * r["tp"] * r["pp"] * r["cp"] == 1024).all()
+    assert (spec.heads % r["tp"] == 0).all()
+    assert (r.attrs["gbs"] % (r["dp"] * r["mbs"]) == 0).all()
+    inter = r["vp"] > 1
+    assert (spec.layers % (r.loc[inter, "pp"] * r.loc[inter, "vp"]) == 0).all()
+    assert (r["pp"] <= spec.layers).all()
+    assert not (r["sp"] & (r["tp"] == 1)).any()
+
+
+def test_feasible_rows_fit_and_are_sorted(gpt175) -> None:
+    feasible = gpt175[gpt175["pruned"] == ""]
+    assert len(feasible) == gpt175.attrs["feasible"] > 0
+    assert (feasible["pred_peak_mem_gb"] <= feasible["mem_limit_gb"]).all()
+    tps = feasible["pred_tokens_per_s_per_gpu"].to_numpy()
+    assert (np.diff(tps) <= 1e-9).all()
+    pruned = gpt175[gpt175["pruned"] != ""]
+    assert (pruned["pred_peak_mem_gb"] > pruned["mem_limit_gb"]).all()
+    assert list(feasible["rank"][:3]) == [1, 2, 3]
+
+
+def test_search_agrees_with_estimate(gpt175) -> None:
+    best = gpt175.iloc[0]
+    one = api.estimate(
+        "gpt3-175b",
+        "h100-sxm-80gb",
+        1024,
+        tp=int(best["tp"]),
+        pp=int(best["pp"]),
+        vp=int(best["vp"]),
+        cp=int(best["cp"]),
+        sp=bool(best["sp"]),
+        mbs=int(best["mbs"]),
+        gbs=gpt175.attrs["gbs"],
+        recompute=best["recompute"],
+        recompute_layers=int(best["recompute_layers"]) or None,
+        zero=int(best["zero"]),
+    )
+    assert float(one.at[0, "pred_tokens_per_s_per_gpu"]) == pytest.approx(
+        best["pred_tokens_per_s_per_gpu"], rel=1e-9
+    )
+    assert float(one.at[0, "pred_peak_mem_gb"]) == pytest.approx(best["pred_peak_mem_gb"], rel=1e-9)
+
+
+def test_constraints_narrow_the_result() -> None:
+    r = api.search("mixtral-8x7b", 64, fix={"tp": "2"}, max_pp=4)
+    feasible = r[r["pruned"] == ""]
+    assert len(feasible) and (feasible["tp"] == 2).all() and (feasible["pp"] <= 4).all()
+    assert r.attrs["pruned"].get("constraint", 0) > 0
+    assert (feasible["ep"] > 1).any()  # MoE layouts use expert parallelism
+
+
+def test_near_ties_are_flagged(gpt175) -> None:
+    feasible = gpt175[gpt175["pruned"] == ""]
+    best = feasible["pred_tokens_per_s_per_gpu"].iloc[0]
+    close = feasible["pred_tokens_per_s_per_gpu"] >= 0.9 * best
+    assert (feasible["near_tie"] == close).all()
+
+
+def test_default_batch_is_stated() -> None:
+    r = api.search("llama3-8b", 64)
+    assert r.attrs["gbs_chosen"] and r.attrs["gbs"] * 8192 >= 2 * 2**20
+
+
+def test_nothing_fits_gives_computed_advice() -> None:
+    r = api.search("gpt3-175b", 8, gpu="a100-sxm-40gb", gbs=64)
+    assert r.attrs["feasible"] == 0
+    advice = r.attrs["advice"]
+    assert advice[0].startswith("closest:") and "GiB" in advice[0]
+    assert any(key in line for line in advice[1:] for key in ("ZeRO-3", "recompute", "GPUs"))
+    more = [line for line in advice if "GPUs" in line]
+    assert more and "fits" in more[0]
+
+
+def test_unusable_gpu_count_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="no layout"):
+        api.search("gpt3-175b", 97, gbs=2048)
+
+
+def test_contradictory_constraints_are_a_user_error() -> None:
+    with pytest.raises(UserError, match="contradicts"):
+        api.search("gpt3-175b", 1024, fix={"tp": "8"}, max_tp=4)
+    with pytest.raises(UserError, match="fix: unknown key"):
+        api.search("gpt3-175b", 1024, fix={"tensor": "8"})
+
+
+def test_malformed_space_file_names_line_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "space.yaml"
+    bad.write_text("tp: [1, 2]\npipeline: [1, 2]\n")
+    with pytest.raises(UserError, match="line 2: unknown key 'pipeline'"):
+        api.search("gpt3-175b", 1024, space=str(bad))
+    bad.write_text("tp: [1, 2\nmbs: 1\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        api.search("gpt3-175b", 1024, space=str(bad))
+    bad.write_text("tp: [0, 2]\n")
+    with pytest.raises(UserError, match="tp"):
+        api.search("gpt3-175b", 1024, space=str(bad))
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "autoconfig.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_search_writes_outputs_and_emits(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run(
+        "search",
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "256",
+        "--seq-len",
+        "8192",
+        "--gbs",
+        "1024",
+        "--tokens",
+        "15e12",
+        "--gpu-hour-usd",
+        "2.5",
+        "--top",
+        "5",
+        "--out",
+        str(out),
+        "--emit",
+        "megatron",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "days" in result.stdout and "cost $" in result.stdout
+    assert "--tensor-model-parallel-size" in result.stdout
+    assert "candidates enumerated" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["best.json", "results.csv"]
+    best = json.loads((out / "best.json").read_text())
+    assert best["best"]["rank"] == 1 and best["inputs"]["gbs"] == 1024
+    lines = (out / "results.csv").read_text().splitlines()
+    assert len(lines) - 1 == best["inputs"]["evaluated"]
+    for emit, marker in (("nemo", "recipe.trainer.strategy"), ("torchtitan", "[parallelism]")):
+        r = run("search", "--model", "llama3-8b", "--gpus", "16", "--emit", emit, "--top", "1")
+        assert r.returncode == 0 and marker in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "gpt3-176b", "--gpus", "64"], "gpt3-175b"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--gpu", "a100"], "a100-sxm"),
+        (["--model", "gpt3-175b", "--gpus", "97", "--gbs", "2048"], "no layout"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--fix", "tp"], "key=value"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--memory-headroom", "1.5"], "headroom"),
+    ],
+)
+def test_cli_search_bad_input(args: list[str], needle: str) -> None:
+    result = run("search", *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr and needle in lines[-1]
+    assert all(line.startswith(("searching", "error:")) for line in lines)
