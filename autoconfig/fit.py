@@ -105,16 +105,24 @@ def fit_time(
 
 def fit_memory(runs: pd.DataFrame, measured_gb: pd.Series) -> tuple[float, float]:
     """Fits (memory_overhead fraction, memory_reserved_gb) so that
-    peak = parts * (1 + overhead) + reserved matches measured peaks (relative least squares)."""
+    peak = parts * (1 + overhead) + reserved matches measured peaks (relative least squares).
+
+    Each source group weighs the same: frameworks differ in allocator behaviour (the nanotron
+    sweep peaks ~1.5x above its live tensors, torchtitan within a few %), and the constant is
+    meant for every framework, not the one with the most rows."""
     x, errors, _ = prepare(runs)
     use = ((errors == "") & measured_gb.notna()).to_numpy()
     with np.errstate(all="ignore"):
         mem = memory(replace(x, mem_overhead=np.float64(0.0), mem_reserved_gb=np.float64(0.0)))
     base = np.broadcast_to(mem.total / GIB, use.shape)[use]
     meas = measured_gb.to_numpy()[use]
+    groups = (
+        runs.loc[use, "source_group"] if "source_group" in runs else pd.Series([""] * len(meas))
+    )
+    weight = np.sqrt(1.0 / groups.map(groups.value_counts()).to_numpy(dtype=float))
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        return (base * (1 + theta[0]) + theta[1]) / meas - 1.0
+        return weight * ((base * (1 + theta[0]) + theta[1]) / meas - 1.0)
 
     result = least_squares(
         residuals, [0.1, 1.0], bounds=([0.0, 0.0], [1.0, 10.0]), loss="soft_l1", f_scale=0.1

@@ -13,6 +13,7 @@ import pandas as pd
 from autoconfig import catalog
 from autoconfig.cost.inputs import MLP_CODES, RECOMPUTE_CODES, CostInputs, hardware_columns
 from autoconfig.errors import UserError
+from autoconfig.specs import ModelSpec
 
 REQUIRED = ("layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus", "tp", "pp", "gbs")
 POSITIVE_INTS = (
@@ -322,3 +323,33 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
         index=df.index,
     )
     return inputs, err.msg, resolved
+
+
+def model_from_row(row: pd.Series) -> ModelSpec:
+    """A ModelSpec from one row's architecture columns (with prepare()'s defaults)."""
+    frame = _fill_from_catalog(row.to_frame().T.reset_index(drop=True))
+    x, errors, resolved = prepare(frame)
+    if errors.iloc[0] and not errors.iloc[0].startswith(("num_gpus", "gbs", "dp", "tp", "pp")):
+        raise UserError(errors.iloc[0])
+    g = lambda name: float(np.asarray(getattr(x, name)).ravel()[0])  # noqa: E731
+    experts = int(g("experts"))
+    return ModelSpec(
+        name=str(frame.at[0, "model"]) if "model" in frame else "row",
+        layers=int(g("layers")),
+        hidden=int(g("hidden")),
+        heads=int(g("heads")),
+        kv_heads=int(g("kv_heads")),
+        head_dim=int(g("head_dim")),
+        ffn_hidden=int(g("ffn")),
+        vocab=int(g("vocab")),
+        seq_len=int(g("seq")),
+        max_seq_len=int(max(g("max_seq"), g("seq"))),
+        tied_embeddings=bool(g("tied")),
+        norm=resolved.at[0, "norm"],
+        mlp=resolved.at[0, "mlp"],
+        position="learned" if g("learned_pos") else "rope",
+        dropout=bool(g("dropout")),
+        num_experts=experts,
+        topk=int(g("topk")) if experts else 0,
+        moe_ffn_hidden=int(g("expert_ffn")) if experts else None,
+    )
