@@ -130,7 +130,7 @@ def search(
     top: int = typer.Option(10, help="rows to show"),
     tokens: float = typer.Option(None, help="training tokens: show days (and cost) to train"),
     gpu_hour_usd: float = typer.Option(None, help="price of one GPU-hour, with --tokens"),
-    out: Path = typer.Option(None, help="folder for results.csv, best.json"),
+    out: Path = typer.Option(None, help="folder for results.csv, best.json, report.html"),
     emit: EmitOpt = typer.Option(None, help="print the best as megatron/nemo/torchtitan"),
 ) -> None:
     """Rank every valid parallel layout of a model on N GPUs by predicted throughput."""
@@ -164,7 +164,7 @@ def search(
     terminal.print_view(terminal.search_view(ranked, top, tokens, gpu_hour_usd))
     if out is not None:
         files.write_search(ranked, out)
-        print(f"wrote {out}/results.csv and {out}/best.json", file=sys.stderr)
+        print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
     if emit is not None and ranked.attrs["feasible"]:
         a = ranked.attrs
         print(

@@ -11,6 +11,7 @@ the fits verdict against status; and peak-memory error where measured.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -87,6 +88,27 @@ def main() -> None:
                 "",
             ]
         )
+    )
+    sixteen = out[
+        (out["status"] == "ok")
+        & out["measured_tps"].notna()
+        & (out["error"] == "")
+        & out["precision"].isin(v.SIXTEEN_BIT)
+        & out["gpu"].isin(v.MAIN_GPUS)
+    ]
+    other = sixteen[sixteen["source_group"] != "Ultra-Scale Playbook"]
+    (DOC.parent / "accuracy.json").write_text(
+        json.dumps(
+            {
+                "rows": len(sixteen),
+                "median_ape_pct": round(100 * sixteen["ape"].median(), 1),
+                "within_20_pct": round(100 * (sixteen["ape"] <= 0.2).mean(), 1),
+                "median_ape_other_pct": round(100 * other["ape"].median(), 1),
+                "playbook_median_spearman": round(float(ranking["spearman"].median()), 3),
+            },
+            indent=2,
+        )
+        + "\n"
     )
     print("wrote", DOC)
 

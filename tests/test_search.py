@@ -153,7 +153,7 @@ def test_cli_search_writes_outputs_and_emits(tmp_path: Path) -> None:
     assert "days" in result.stdout and "cost $" in result.stdout
     assert "--tensor-model-parallel-size" in result.stdout
     assert "candidates enumerated" in result.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["best.json", "results.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["best.json", "report.html", "results.csv"]
     best = json.loads((out / "best.json").read_text())
     assert best["best"]["rank"] == 1 and best["inputs"]["gbs"] == 1024
     lines = (out / "results.csv").read_text().splitlines()
@@ -179,3 +179,17 @@ def test_cli_search_bad_input(args: list[str], needle: str) -> None:
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr and needle in lines[-1]
     assert all(line.startswith(("searching", "error:")) for line in lines)
+
+
+def test_interrupted_write_leaves_no_partial_files(tmp_path: Path, monkeypatch) -> None:
+    from autoconfig.report import files
+
+    ranked = api.search("llama3-8b", 16)
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_search(ranked, tmp_path / "run")
+    assert list((tmp_path / "run").iterdir()) == []

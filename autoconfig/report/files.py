@@ -1,5 +1,5 @@
-"""Search outputs on disk: results.csv (every evaluated candidate) and best.json, each written
-to a temporary file and renamed, so an interrupted run never leaves a half-written file."""
+"""Search outputs on disk: results.csv (every evaluated candidate), best.json and report.html,
+each written to a temporary file and renamed, so an interrupted run leaves no half-written file."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from autoconfig.report import html
+
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:  # interrupted (Ctrl-C) or failed: leave neither a partial file nor the temporary
+        tmp.unlink(missing_ok=True)
 
 
 def write_search(ranked: pd.DataFrame, out: Path) -> None:
@@ -30,3 +35,4 @@ def write_search(ranked: pd.DataFrame, out: Path) -> None:
     context = {k: v for k, v in ranked.attrs.items() if k != "advice"}
     payload = {"inputs": context, "best": best, "advice": ranked.attrs.get("advice", [])}
     _atomic_write(out / "best.json", json.dumps(payload, indent=2, default=str))
+    _atomic_write(out / "report.html", html.render(ranked))

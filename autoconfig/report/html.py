@@ -1,0 +1,150 @@
+"""A self-contained, offline HTML report of a search: inputs, the top-k table, a scatter of all
+feasible candidates, stacked memory and step-time breakdowns, and the model's known accuracy.
+plotly's JavaScript is embedded once, so the page makes no network requests."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from autoconfig.rank import layout_label, recompute_label
+from autoconfig.report.terminal import MEMORY_PARTS, TIME_PARTS
+
+ACCURACY_FILE = Path(__file__).resolve().parent.parent.parent / "docs" / "accuracy.json"
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
+table { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.3rem 0.6rem; text-align: right; }
+th:nth-child(2), td:nth-child(2) { text-align: left; }
+.note { color: #555; font-size: 0.9rem; max-width: 60rem; }
+"""
+
+
+def _accuracy_note() -> str:
+    if not ACCURACY_FILE.exists():
+        return "The model's accuracy has not been measured for this installation."
+    acc = json.loads(ACCURACY_FILE.read_text())
+    return (
+        f"Known accuracy (docs/validation.md, {acc['rows']} published runs, 16-bit, held-out "
+        f"rows included): median absolute error of tokens/s/GPU {acc['median_ape_pct']:.0f}%, "
+        f"{acc['within_20_pct']:.0f}% of runs within ±20%; outside the nanotron sweep "
+        f"{acc['median_ape_other_pct']:.0f}%. Configurations within 10% of the best are near-ties."
+    )
+
+
+def _top_table(top: pd.DataFrame) -> str:
+    head = [
+        "#",
+        "layout",
+        "mbs",
+        "recompute",
+        "zero",
+        "tokens/s/GPU",
+        "MFU",
+        "step s",
+        "memory GiB",
+    ]
+    rows = []
+    for _, r in top.iterrows():
+        cells = [
+            r["rank"],
+            layout_label(r),
+            r["mbs"],
+            recompute_label(r),
+            r["zero"],
+            f"{r['pred_tokens_per_s_per_gpu']:,.0f}",
+            f"{100 * r['pred_mfu']:.1f}%",
+            f"{r['pred_step_time_s']:.2f}",
+            f"{r['pred_peak_mem_gb']:.1f} / {r['mem_limit_gb']:.0f}",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return (
+        "<table id='top'><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _scatter(feasible: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    family = "tp" + feasible["tp"].astype(str) + " pp" + feasible["pp"].astype(str)
+    for name, group in feasible.groupby(family, sort=True):
+        fig.add_trace(
+            go.Scattergl(
+                x=group["pred_peak_mem_gb"],
+                y=group["pred_tokens_per_s_per_gpu"],
+                mode="markers",
+                name=name,
+                marker={"size": 5, "opacity": 0.6},
+                text=[layout_label(r) for _, r in group.iterrows()],
+                hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.0f} tokens/s/GPU<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title="Feasible candidates: memory vs predicted throughput",
+        xaxis_title="peak memory per GPU (GiB)",
+        yaxis_title="tokens/s/GPU",
+        height=520,
+    )
+    return fig
+
+
+def _stacked(top: pd.DataFrame, parts: tuple, title: str, unit: str) -> go.Figure:
+    labels = [f"#{r['rank']} {layout_label(r)}" for _, r in top.iterrows()]
+    fig = go.Figure()
+    for label, col in parts:
+        fig.add_trace(go.Bar(name=label, x=labels, y=top[col]))
+    fig.update_layout(barmode="stack", title=title, yaxis_title=unit, height=460)
+    return fig
+
+
+def render(ranked: pd.DataFrame, top_k: int = 10) -> str:
+    a = ranked.attrs
+    feasible = ranked[ranked["pruned"] == ""]
+    top = feasible.head(top_k)
+    inputs = {
+        "model": a["model"],
+        "GPUs": f"{a['gpus']} x {a['gpu']}",
+        "sequence length": a["seq_len"],
+        "global batch": f"{a['gbs']}" + (" (chosen by autoconfig)" if a["gbs_chosen"] else ""),
+        "precision": a["precision"],
+        "enumerated": f"{a['enumerated']:,}",
+        "evaluated": f"{a['evaluated']:,}",
+        "feasible": f"{a['feasible']:,}",
+    }
+    parts = [
+        f"<h1>autoconfig: {html.escape(a['model'])} on {a['gpus']} GPUs</h1>",
+        "<table id='inputs'>"
+        + "".join(f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in inputs.items())
+        + "</table>",
+        f"<p class='note'>{html.escape(_accuracy_note())}</p>",
+    ]
+    if a.get("explanation"):
+        parts.append(f"<p>{html.escape(a['explanation'])}</p>")
+    for line in a.get("advice", []):
+        parts.append(f"<p>{html.escape(line)}</p>")
+    figures = []
+    if len(feasible):
+        parts.append("<h2>Top configurations</h2>" + _top_table(top))
+        figures = [
+            _scatter(feasible),
+            _stacked(top, tuple((lbl, c) for lbl, c in MEMORY_PARTS), "Memory per GPU", "GiB"),
+            _stacked(top, tuple((lbl, c) for lbl, c in TIME_PARTS), "Step time", "seconds"),
+        ]
+    for i, fig in enumerate(figures):
+        parts.append(
+            pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=f"plot{i}")
+        )
+    body = "\n".join(parts)
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig "
+        f"{html.escape(a['model'])}</title><style>{STYLE}</style></head><body>{body}"
+        f"</body></html>"
+    )

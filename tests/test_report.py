@@ -1,0 +1,76 @@
+"""report.html: self-contained (no network), and it loads in headless Chromium with the table
+and all three plots rendered and no JavaScript errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autoconfig import api
+from autoconfig.report import files
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    files.write_search(api.search("llama3-8b", 16), out)
+    return out / "report.html"
+
+
+def test_report_is_self_contained(report: Path) -> None:
+    text = report.read_text()
+    # URLs inside plotly.js's own code are strings, not fetches: look at the markup only.
+    markup = re.sub(r"<script[^>]*>.*?</script>", "<script></script>", text, flags=re.S)
+    assert not re.search(r"<script[^>]*\bsrc=", markup)
+    assert not re.search(r"(src|href)=[\"']https?://", markup)
+    assert text.count("Plotly.newPlot") == 3
+    assert "Known accuracy" in text or "not been measured" in text
+
+
+def _need_chromium() -> str:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install Debian's chromium (see .ci/run)")
+        pytest.skip("chromium not installed: apt-get install chromium")
+    return CHROMIUM
+
+
+def test_report_loads_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    chromium = _need_chromium()
+    result = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--host-resolver-rules=MAP * ~NOTFOUND",  # any fetch would fail and log an error
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    dom = result.stdout
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'id="top"' in dom and "tokens/s/GPU" in dom
+    for i in range(3):  # plotly replaced each placeholder div by a rendered SVG
+        assert re.search(rf'id="plot{i}"[^>]*class="[^"]*js-plotly-plot', dom), f"plot{i}"
+    assert dom.count('class="main-svg"') >= 3
+    console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
+    assert not [line for line in console if "Uncaught" in line or "Error" in line], console
