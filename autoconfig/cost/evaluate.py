@@ -6,7 +6,8 @@ import numpy as np
 
 from autoconfig.cost.flops import model_flops_per_token
 from autoconfig.cost.inputs import Col, CostInputs
-from autoconfig.cost.memory import memory
+from autoconfig.cost.layer import layer_ops
+from autoconfig.cost.memory import memory, stage_params
 from autoconfig.cost.timing import step_time
 from autoconfig.specs import GIB
 
@@ -22,12 +23,13 @@ PREDICTION_COLUMNS = (
 
 def evaluate(x: CostInputs) -> dict[str, Col]:
     """Predictions and their breakdowns, one array per column (all of length N)."""
-    mem = memory(x)
-    time = step_time(x)
+    ops, params = layer_ops(x), stage_params(x)  # shared by every part below
+    mem = memory(x, ops, params)
+    time = step_time(x, ops, params)
     step = time.total
     num_gpus = x.dp * x.tp * x.pp * x.cp
     tokens_per_gpu = x.gbs * x.seq / (step * num_gpus)
-    tflops = model_flops_per_token(x) * tokens_per_gpu
+    tflops = model_flops_per_token(x, ops) * tokens_per_gpu
     peak = mem.total / GIB
     out = {
         "pred_step_time_s": step,

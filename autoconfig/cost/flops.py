@@ -9,11 +9,11 @@ of Megatron-LM, torchtitan and the MFU figures in the reference table.
 from __future__ import annotations
 
 from autoconfig.cost.inputs import Col, CostInputs
-from autoconfig.cost.layer import head_ops, layer_ops, total
+from autoconfig.cost.layer import Op, head_ops, layer_ops, total
 
 
-def model_flops_per_token(x: CostInputs) -> Col:
+def model_flops_per_token(x: CostInputs, ops: list[Op] | None = None) -> Col:
     """Training FLOPs per token of the whole model (all TP ranks together)."""
-    per_layer = total(layer_ops(x), "flops") * x.tp
+    per_layer = total(ops if ops is not None else layer_ops(x), "flops") * x.tp
     head = total(head_ops(x), "flops") * x.tp
     return 3.0 * (x.layers * per_layer + head)

@@ -31,7 +31,7 @@ import numpy as np
 from autoconfig.cost import comm
 from autoconfig.cost.inputs import Col, CostInputs, stage_layers
 from autoconfig.cost.layer import Op, embedding_ops, head_ops, layer_ops
-from autoconfig.cost.memory import stage_params
+from autoconfig.cost.memory import StageParams, stage_params
 
 
 def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
@@ -97,11 +97,14 @@ class StepTime:
         )
 
 
-def step_time(x: CostInputs) -> StepTime:
+def step_time(
+    x: CostInputs, ops: list[Op] | None = None, params: StageParams | None = None
+) -> StepTime:
     tokens = x.mbs * x.seq / x.cp
     m = x.gbs / (x.dp * x.mbs)
     per_stage = stage_layers(x)
-    ops = layer_ops(x)
+    ops = ops if ops is not None else layer_ops(x)
+    params = params if params is not None else stage_params(x)
     f_gpu, b_gpu = _fwd_bwd(x, ops, tokens)
     # Tensor parallel: 2 collectives of b*s*h per layer in forward, 2 in backward.
     act_bytes = 2.0 * tokens * x.hidden
@@ -163,7 +166,7 @@ def step_time(x: CostInputs) -> StepTime:
     p2p_one = comm.p2p(p2p_bytes, comm.pp_link(x))
     pp_comm = np.where(x.pp > 1, (m * x.vp + x.pp - 1.0) * 2.0 * p2p_one, 0.0)
 
-    dp_comm, optimizer = _data_parallel(x, m, per_stage, f_layer, b_layer, stage_fwd)
+    dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
     optimizer = optimizer + x.step_overhead_s
     return StepTime(
         compute=m * pure_compute,
@@ -195,10 +198,15 @@ def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_ex
 
 
 def _data_parallel(
-    x: CostInputs, m: Col, per_stage: Col, f_layer: Col, b_layer: Col, stage_fwd: Col
+    x: CostInputs,
+    p: StageParams,
+    m: Col,
+    per_stage: Col,
+    f_layer: Col,
+    b_layer: Col,
+    stage_fwd: Col,
 ) -> tuple[Col, Col]:
     """Exposed gradient/weight communication and the optimizer step, per step."""
-    p = stage_params(x)
     params = np.maximum(p.dense_first, p.dense_last) + p.expert
     size = x.dp * x.cp
     link = comm.dp_link(x)
