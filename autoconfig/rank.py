@@ -132,9 +132,14 @@ def explain_winner(ranked: pd.DataFrame) -> str:
     if len(feasible) < 2:
         return "only one configuration fits" if len(feasible) == 1 else ""
     a, b = feasible.iloc[0], feasible.iloc[1]
+    gain = a["pred_tokens_per_s_per_gpu"] / b["pred_tokens_per_s_per_gpu"] - 1
+    if gain < 1e-3:
+        return (
+            f"#1 and #2 are predicted equally fast; #1 is listed first for its lower "
+            f"memory ({a['pred_peak_mem_gb']:.1f} vs {b['pred_peak_mem_gb']:.1f} GiB)"
+        )
     diffs = {col: b[col] - a[col] for col in TIME_PARTS}
     col = max(diffs, key=lambda c: diffs[c])
-    gain = a["pred_tokens_per_s_per_gpu"] / b["pred_tokens_per_s_per_gpu"] - 1
     tie = " (a near-tie: within the model's error)" if gain < NEAR_TIE else ""
     return (
         f"#1 beats #2 by {100 * gain:.1f}%{tie}: less {TIME_PARTS[col]} "

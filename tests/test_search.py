@@ -193,3 +193,17 @@ def test_interrupted_write_leaves_no_partial_files(tmp_path: Path, monkeypatch) 
     with pytest.raises(KeyboardInterrupt):
         files.write_search(ranked, tmp_path / "run")
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_explanation_names_the_part_that_differs() -> None:
+    import pandas as pd
+
+    from autoconfig.rank import TIME_PARTS, explain_winner
+
+    base = {col: 1.0 for col in TIME_PARTS} | {"pruned": "", "pred_peak_mem_gb": 10.0}
+    a = base | {"pred_tokens_per_s_per_gpu": 120.0, "time_dp_comm_s": 0.2}
+    b = base | {"pred_tokens_per_s_per_gpu": 100.0, "time_dp_comm_s": 1.5}
+    text = explain_winner(pd.DataFrame([a, b]))
+    assert "20.0%" in text and "exposed DP communication" in text and "near-tie" not in text
+    tie = explain_winner(pd.DataFrame([a | {"pred_peak_mem_gb": 8.0}, a]))
+    assert "equally fast" in tie and "8.0 vs 10.0" in tie
