@@ -7,6 +7,7 @@ import pandas as pd
 
 from autoconfig.cost import evaluate
 from autoconfig.rank import cost_inputs, layout_label
+from autoconfig.space import LAYOUT_COLUMNS
 
 
 def closest_fix(
@@ -40,21 +41,7 @@ def closest_fix(
             (
                 label,
                 {
-                    **best[
-                        [
-                            "dp",
-                            "tp",
-                            "pp",
-                            "vp",
-                            "cp",
-                            "ep",
-                            "sp",
-                            "mbs",
-                            "recompute",
-                            "recompute_layers",
-                            "zero",
-                        ]
-                    ].to_dict(),
+                    **best[list(LAYOUT_COLUMNS)].to_dict(),
                     **change,
                 },
             )

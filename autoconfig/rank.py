@@ -160,3 +160,18 @@ def recompute_label(row: pd.Series) -> str:
     if row["recompute"] != "full":
         return str(row["recompute"])
     return f"full {row['recompute_layers']}/stage"
+
+
+def top_row(row: pd.Series) -> dict[str, str]:
+    """The cells every view of the ranking shows for one configuration."""
+    return {
+        "#": str(row["rank"]),
+        "layout": layout_label(row),
+        "mbs": str(row["mbs"]),
+        "recompute": recompute_label(row),
+        "zero": str(row["zero"]),
+        "tokens/s/GPU": f"{row['pred_tokens_per_s_per_gpu']:,.0f}",
+        "MFU": f"{100 * row['pred_mfu']:.1f}%",
+        "step s": f"{row['pred_step_time_s']:.2f}",
+        "memory GiB": f"{row['pred_peak_mem_gb']:.1f}/{row['mem_limit_gb']:.0f}",
+    }

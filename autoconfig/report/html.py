@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from autoconfig.rank import layout_label, recompute_label
+from autoconfig.rank import layout_label, top_row
 from autoconfig.report.terminal import MEMORY_PARTS, TIME_PARTS
 
 ACCURACY_FILE = Path(__file__).resolve().parent.parent.parent / "docs" / "accuracy.json"
@@ -38,38 +38,12 @@ def _accuracy_note() -> str:
 
 
 def _top_table(top: pd.DataFrame) -> str:
-    head = [
-        "#",
-        "layout",
-        "mbs",
-        "recompute",
-        "zero",
-        "tokens/s/GPU",
-        "MFU",
-        "step s",
-        "memory GiB",
-    ]
-    rows = []
-    for _, r in top.iterrows():
-        cells = [
-            r["rank"],
-            layout_label(r),
-            r["mbs"],
-            recompute_label(r),
-            r["zero"],
-            f"{r['pred_tokens_per_s_per_gpu']:,.0f}",
-            f"{100 * r['pred_mfu']:.1f}%",
-            f"{r['pred_step_time_s']:.2f}",
-            f"{r['pred_peak_mem_gb']:.1f} / {r['mem_limit_gb']:.0f}",
-        ]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    return (
-        "<table id='top'><tr>"
-        + "".join(f"<th>{h}</th>" for h in head)
-        + "</tr>"
-        + "".join(rows)
-        + "</table>"
+    rows = [top_row(r) for _, r in top.iterrows()]
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in rows[0]) if rows else ""
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r.values()) + "</tr>" for r in rows
     )
+    return f"<table id='top'><tr>{head}</tr>{body}</table>"
 
 
 def _scatter(feasible: pd.DataFrame) -> go.Figure:

@@ -166,7 +166,7 @@ def search_view(
     ranked: pd.DataFrame, top: int, tokens: float | None, gpu_hour_usd: float | None
 ) -> Group:
     """The top configurations, the pruning summary and why the winner wins."""
-    from autoconfig.rank import layout_label, recompute_label
+    from autoconfig.rank import top_row
 
     a = ranked.attrs
     feasible = ranked[ranked["pruned"] == ""].head(top)
@@ -175,40 +175,19 @@ def search_view(
         f"gbs {a['gbs']}, {a['precision']}",
         title_justify="left",
     )
-    for col in (
-        "#",
-        "layout",
-        "mbs",
-        "recompute",
-        "zero",
-        "tokens/s/GPU",
-        "MFU",
-        "step s",
-        "mem GiB",
-    ):
-        table.add_column(col, justify="left" if col in ("layout", "recompute") else "right")
-    if tokens:
-        table.add_column("days", justify="right")
-        if gpu_hour_usd:
-            table.add_column("cost $", justify="right")
-    for _, row in feasible.iterrows():
-        cells = [
-            f"{row['rank']}" + ("~" if row["near_tie"] and row["rank"] != 1 else ""),
-            layout_label(row),
-            str(row["mbs"]),
-            recompute_label(row),
-            str(row["zero"]),
-            f"{row['pred_tokens_per_s_per_gpu']:,.0f}",
-            f"{100 * row['pred_mfu']:.1f}%",
-            f"{row['pred_step_time_s']:.2f}",
-            f"{row['pred_peak_mem_gb']:.1f}/{row['mem_limit_gb']:.0f}",
-        ]
+    for i, (_, row) in enumerate(feasible.iterrows()):
+        cells = top_row(row)
+        if row["near_tie"] and row["rank"] != 1:
+            cells["#"] += "~"
         if tokens:
             seconds = tokens / (row["pred_tokens_per_s_per_gpu"] * a["gpus"])
-            cells.append(f"{seconds / 86400:,.1f}")
+            cells["days"] = f"{seconds / 86400:,.1f}"
             if gpu_hour_usd:
-                cells.append(f"{seconds / 3600 * a['gpus'] * gpu_hour_usd:,.0f}")
-        table.add_row(*cells)
+                cells["cost $"] = f"{seconds / 3600 * a['gpus'] * gpu_hour_usd:,.0f}"
+        if i == 0:
+            for col in cells:
+                table.add_column(col, justify="left" if col in ("layout", "recompute") else "right")
+        table.add_row(*cells.values())
     dropped = sum(a["dropped"].values())
     lines = [
         f"{a['enumerated']:,} candidates enumerated: {dropped:,} broke a divisibility rule, "
