@@ -9,7 +9,7 @@ from autoconfig import catalog
 from autoconfig.advice import closest_fix
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError
-from autoconfig.frame import prepare
+from autoconfig.frame import model_columns_for_frame, prepare
 from autoconfig.rank import Constraints, cost_inputs, explain_winner, layout_label, rank
 from autoconfig.space import enumerate_candidates, load_space
 from autoconfig.specs import ModelSpec, SearchSpace
@@ -39,30 +39,6 @@ def _estimate(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     out = pd.concat([runs.drop(columns=extra), preds], axis=1)
     out["error"] = errors
     return out, resolved
-
-
-def model_columns_for_frame(model: ModelSpec) -> dict[str, object]:
-    """A catalog model as reference-CSV architecture columns."""
-    return {
-        "model": model.name,
-        "layers": model.layers,
-        "hidden": model.hidden,
-        "heads": model.heads,
-        "kv_heads": model.kv,
-        "head_dim": model.dhead,
-        "ffn_hidden": model.ffn,
-        "vocab": model.vocab,
-        "tied_embeddings": "y" if model.tied_embeddings else "n",
-        "norm": model.norm,
-        "mlp": model.mlp,
-        "position": model.position,
-        "dropout": "y" if model.dropout else "n",
-        "max_seq_len": model.max_seq_len or model.seq_len,
-        "num_experts": model.num_experts,
-        "topk": model.topk,
-        "moe_ffn_hidden": model.expert_ffn,
-        "shared_experts": model.shared_experts,
-    }
 
 
 def estimate(

@@ -95,12 +95,34 @@ ARCH_COLUMNS = (
 )
 
 
+def model_columns_for_frame(model: ModelSpec) -> dict[str, object]:
+    """A catalog model as reference-CSV architecture columns."""
+    return {
+        "model": model.name,
+        "layers": model.layers,
+        "hidden": model.hidden,
+        "heads": model.heads,
+        "kv_heads": model.kv,
+        "head_dim": model.dhead,
+        "ffn_hidden": model.ffn,
+        "vocab": model.vocab,
+        "tied_embeddings": "y" if model.tied_embeddings else "n",
+        "norm": model.norm,
+        "mlp": model.mlp,
+        "position": model.position,
+        "dropout": "y" if model.dropout else "n",
+        "max_seq_len": model.max_seq_len or model.seq_len,
+        "num_experts": model.num_experts,
+        "topk": model.topk,
+        "moe_ffn_hidden": model.expert_ffn,
+        "shared_experts": model.shared_experts,
+    }
+
+
 def _fill_from_catalog(df: pd.DataFrame) -> pd.DataFrame:
     """Blank architecture cells of rows whose `model` names a catalog model take its values."""
     if "model" not in df:
         return df
-    from autoconfig.api import model_columns_for_frame
-
     by_name = {name.lower(): spec for name, spec in catalog.models().items()}
     names = _text(df, "model")
     matched = names[names.isin(by_name)]
