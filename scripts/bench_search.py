@@ -29,9 +29,11 @@ def main() -> None:
         spec, gpu = catalog.get_model(model), catalog.get_gpu("h100-sxm-80gb")
         cands = enumerate_candidates(spec, gpus, a["gbs"], a["seq_len"], load_space(), 8)
         x = cost_inputs(spec, gpu, gpu.cluster, "bf16", cands.table, a["gbs"], a["seq_len"])
-        t0 = time.perf_counter()
-        evaluate(x)
-        eval_s = time.perf_counter() - t0
+        eval_s = float("inf")
+        for _ in range(5):  # best of 5: tens of milliseconds are noisy on a shared machine
+            t0 = time.perf_counter()
+            evaluate(x)
+            eval_s = min(eval_s, time.perf_counter() - t0)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(
             f"{model} on {gpus}: enumerated {a['enumerated']:,}, evaluated {a['evaluated']:,}"
