@@ -288,6 +288,6 @@ def _check_fixed(fix: dict[str, object]) -> dict[str, object]:
                 out[key] = kind(value)
         except ValueError:
             raise UserError(f"fix: {key} must be {kind.__name__} (got '{value}')") from None
-        if kind is str and out[key] not in ("none", "selective", "full"):
-            raise UserError(f"fix: recompute must be none, selective or full (got '{value}')")
+        if kind is str and out[key] not in ("none", "selective", "full", "op"):
+            raise UserError(f"fix: recompute must be none, selective, full or op (got '{value}')")
     return out

@@ -24,6 +24,7 @@ class RecomputeOpt(str, Enum):
     none = "none"
     selective = "selective"
     full = "full"
+    op = "op"
 
 
 class PrecisionOpt(str, Enum):

@@ -105,24 +105,42 @@ def fit_time(
 
 def fit_memory(runs: pd.DataFrame, measured_gb: pd.Series) -> tuple[float, float]:
     """Fits (memory_overhead fraction, memory_reserved_gb) so that
-    peak = parts * (1 + overhead) + reserved matches measured peaks (relative least squares).
+    peak = parts * (1 + overhead) + reserved agrees with all the memory evidence:
 
-    Each source group weighs the same: frameworks differ in allocator behaviour (the nanotron
-    sweep peaks ~1.5x above its live tensors, torchtitan within a few %), and the constant is
-    meant for every framework, not the one with the most rows."""
+    - measured peaks (relative error; each source group weighs the same, since allocators
+      differ: the nanotron sweep peaks ~1.5x above its live tensors),
+    - runs that completed (status ok) had to fit: a hinge on predicted/capacity above 1,
+    - runs that crashed or ran out of memory probably did not fit: a weaker hinge the other
+      way (the sweep does not tell crashes from OOMs).
+    """
     x, errors, _ = prepare(runs)
-    use = ((errors == "") & measured_gb.notna()).to_numpy()
+    valid = (errors == "").to_numpy()
     with np.errstate(all="ignore"):
-        mem = memory(replace(x, mem_overhead=np.float64(0.0), mem_reserved_gb=np.float64(0.0)))
-    base = np.broadcast_to(mem.total / GIB, use.shape)[use]
-    meas = measured_gb.to_numpy()[use]
-    groups = (
-        runs.loc[use, "source_group"] if "source_group" in runs else pd.Series([""] * len(meas))
-    )
-    weight = np.sqrt(1.0 / groups.map(groups.value_counts()).to_numpy(dtype=float))
+        mem = memory(replace(x, mem_overhead=np.float32(0.0), mem_reserved_gb=np.float32(0.0)))
+    base = np.broadcast_to(mem.total / GIB, valid.shape).astype(float)
+    capacity = np.broadcast_to(x.memory_gb, valid.shape).astype(float)
+    has_peak = valid & measured_gb.notna().to_numpy()
+    meas = measured_gb.to_numpy()[has_peak]
+    groups = runs.loc[has_peak, "source_group"]
+    peak_w = np.sqrt(1.0 / groups.map(groups.value_counts()).to_numpy(dtype=float))
+    status = runs["status"].to_numpy()
+    ok = valid & (status == "ok")
+    failed = valid & (status != "ok")
+    # "Completed runs fit" is the firmest evidence: a measured peak near capacity overstates the
+    # need (the caching allocator keeps freed blocks until memory runs short), a completed run
+    # cannot have needed more than the GPU had. Its hinge weighs 10x a source group of peaks.
+    ok_w = 10.0 * np.sqrt(groups.nunique() / max(ok.sum(), 1))
+    failed_w = np.sqrt(1.0 / max(failed.sum(), 1))
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        return weight * ((base * (1 + theta[0]) + theta[1]) / meas - 1.0)
+        pred = base * (1 + theta[0]) + theta[1]
+        return np.concatenate(
+            [
+                peak_w * (pred[has_peak] / meas - 1.0),
+                ok_w * np.maximum(pred[ok] / capacity[ok] - 1.0, 0.0),
+                failed_w * np.maximum(1.0 - pred[failed] / capacity[failed], 0.0),
+            ]
+        )
 
     result = least_squares(
         residuals, [0.1, 1.0], bounds=([0.0, 0.0], [1.0, 10.0]), loss="soft_l1", f_scale=0.1

@@ -207,7 +207,7 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
     zero = pd.to_numeric(zero_raw.where(~zero_raw.isin({"", "unknown"}), "1"), errors="coerce")
     err.add(zero.isna() | ~zero.isin([0, 1, 2, 3]), "zero: must be 0, 1, 2 or 3")
     recompute = _text(df, "recompute").replace({"": "none", "unknown": "none"})
-    err.add(~recompute.isin(RECOMPUTE_CODES), "recompute: must be none, selective or full")
+    err.add(~recompute.isin(RECOMPUTE_CODES), "recompute: must be none, selective, full or op")
     precision = _text(df, "precision").replace({"": "bf16"})
     err.add(~precision.isin({"bf16", "fp16", "fp8"}), "precision: must be bf16, fp16 or fp8")
 

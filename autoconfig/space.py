@@ -11,6 +11,7 @@ import pandas as pd
 import yaml
 from pydantic import ValidationError
 
+from autoconfig.cost.inputs import RECOMPUTE_CODES
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.specs import ModelSpec, SearchSpace
 
@@ -28,7 +29,7 @@ LAYOUT_COLUMNS = (
     "recompute_layers",
     "zero",
 )
-RECOMPUTE_NAMES = np.array(["none", "selective", "full"])
+RECOMPUTE_NAMES = np.array(["none", "selective", "full", "op"])
 
 
 def load_space(path: Path | None = None) -> SearchSpace:
@@ -140,7 +141,7 @@ def enumerate_candidates(
             dropped,
         )
     structure = np.flatnonzero(keep)
-    rec_code = np.array([{"none": 0, "selective": 1, "full": 2}[r] for r, _ in ropts], float)
+    rec_code = np.array([RECOMPUTE_CODES[r] for r, _ in ropts], float)
     rec_frac = np.array([f for _, f in ropts])
     s_idx, mbs, sp, ridx, zero = _grid(
         structure.astype(float),

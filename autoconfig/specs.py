@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Norm = Literal["layernorm", "rmsnorm"]
 Mlp = Literal["gelu", "swiglu", "squared_relu"]
 Position = Literal["learned", "rope", "alibi", "none"]
-Recompute = Literal["none", "selective", "full"]
+# selective = Megatron's (attention scores recomputed); op = torchtitan's op-level selective
+# checkpointing (every other matmul output kept, the rest recomputed).
+Recompute = Literal["none", "selective", "full", "op"]
 Precision = Literal["bf16", "fp16", "fp8"]
 
 GIB = float(2**30)

@@ -34,6 +34,11 @@ SOURCE_FACTS: dict[str, dict[str, str]] = {
     "BLOOM": {"flash_attention": "n", "dropout": "n", "overlap_grad_reduce": "n"},
 }
 
+# torchtitan's `activation_checkpoint.mode = "selective"` defaults to selective_ac_option "op"
+# (torchtitan docs, activation checkpointing): op-level checkpointing, not Megatron's
+# attention-only selective recompute.
+RECOMPUTE_MEANING: dict[str, dict[str, str]] = {"torchtitan": {"selective": "op"}}
+
 SIXTEEN_BIT = ("bf16", "fp16")
 MAIN_GPUS = ("a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-sxm-96gb", "h200-sxm-141gb")
 
@@ -60,6 +65,9 @@ def load_training_runs(path: Path | None = None) -> pd.DataFrame:
             if col not in runs:
                 runs[col] = ""
             runs.loc[runs["source_group"] == group, col] = value
+    for group, meaning in RECOMPUTE_MEANING.items():
+        rows = runs["source_group"] == group
+        runs.loc[rows, "recompute"] = runs.loc[rows, "recompute"].replace(meaning)
     runs["fit_set"] = runs["run_id"].map(in_fit_set)
     return runs
 

@@ -14,6 +14,7 @@ import pandas as pd
 
 from autoconfig import api
 from autoconfig.frame import model_from_row
+from autoconfig.space import load_space
 from autoconfig.validation import load_training_runs, measured_throughput
 
 GROUPS = (
@@ -33,6 +34,8 @@ INTRO = (
     " `top1_vs_pub_pct` is how much faster our top-1 is predicted to be than the published"
     " layout; `measured` is the published tokens/s/GPU."
 )
+# The default space plus torchtitan's op-level selective checkpointing, which its runs used.
+SPACE = load_space().model_copy(update={"recompute": ["none", "selective", "full", "op"]})
 KNOWN = lambda v: v not in ("", "unknown")  # noqa: E731
 
 
@@ -50,6 +53,7 @@ def check(row: pd.Series, measured: float) -> dict:
         precision=precision,
         gpus_per_node=int(row["gpus_per_node"] or 8),
         flash_attention=flash,
+        space=SPACE,
     )
     match = pd.Series(True, index=ranked.index)
     for col in ("tp", "pp", "dp", "cp", "ep"):

@@ -26,12 +26,13 @@ def main() -> None:
     args = parser.parse_args()
 
     runs = load_training_runs()
-    fit = runs[runs["fit_set"] & (runs["status"] == "ok")].reset_index(drop=True)
+    fit_all = runs[runs["fit_set"]].reset_index(drop=True)  # failed runs inform memory only
+    fit = fit_all[fit_all["status"] == "ok"].reset_index(drop=True)
     measured = measured_throughput(fit)
     start = {g.chip: g.efficiency for g in catalog.gpus().values()}
     constants, cost = fit_time(fit, measured, start)
-    mem_gb = pd.to_numeric(fit["measured_peak_mem_gb"], errors="coerce")
-    overhead, reserved = fit_memory(fit, mem_gb)
+    mem_gb = pd.to_numeric(fit_all["measured_peak_mem_gb"], errors="coerce")
+    overhead, reserved = fit_memory(fit_all, mem_gb)
     n_time = int(measured.notna().sum())
     n_mem = int(mem_gb.notna().sum())
     groups = ", ".join(sorted(fit.loc[measured.notna(), "source_group"].unique()))
@@ -70,7 +71,10 @@ def main() -> None:
         )
         if source_chip != chip:
             how = f"copied from the {source_chip} fit: no published {chip} runs to fit on; " + how
-        eff["provenance"] = how + f"; memory constants from {n_mem} measured peaks"
+        eff["provenance"] = how + (
+            f"; memory constants from {n_mem} measured peaks and the fits/does-not-fit status "
+            f"of {len(fit_all)} runs"
+        )
         Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
         print("wrote", path)
 

@@ -36,7 +36,7 @@ LAYOUTS = [(1, False), (2, False), (8, False), (2, True), (8, True)]  # (tp, sp)
 @pytest.mark.parametrize("recompute", [0, 1, 2])
 def test_gpt_activations_match_korthikanti(tp: int, sp: bool, recompute: int) -> None:
     x = make_inputs("gpt3-175b", tp=tp, sp=float(sp), flash=0.0, dropout=1.0, mbs=B, seq=S)
-    plain, selective, full = layer_activation_bytes(x, np.float64(S * B))
+    plain, selective, full, _ = layer_activation_bytes(x, np.float64(S * B))
     got = (plain, selective, full)[recompute]
     # LayerNorm keeps 8 bytes of fp32 statistics per token per norm, which the paper ignores.
     assert float(got) == pytest.approx(_korthikanti(tp, sp, recompute), rel=1e-3)
@@ -138,3 +138,13 @@ def test_fits_compares_peak_with_capacity() -> None:
     out = evaluate(make_inputs("gpt3-175b", tp=1, dp=1))
     assert not bool(out["pred_fits"][0])  # 175B on one GPU cannot fit
     assert float(out["pred_peak_mem_gb"][0]) > 175e9 * 18 / 2**30
+
+
+def test_op_level_checkpointing_keeps_input_attention_and_half_the_matmuls() -> None:
+    spec = catalog.get_model("llama3-8b")
+    x = make_inputs("llama3-8b", gpu="h100-sxm-80gb", flash=1.0, seq=8192)
+    _, _, _, op_level = layer_activation_bytes(x, np.float64(1.0))
+    h, q, kv, f = spec.hidden, spec.heads * spec.dhead, spec.kv * spec.dhead, spec.ffn
+    matmul_outputs = 2 * ((q + 2 * kv) + h + 2 * f + h)  # qkv, out, gate+up, down
+    expected = 2 * h + (2 * q + 4 * spec.heads) + matmul_outputs / 2
+    assert float(op_level) == pytest.approx(expected, rel=1e-6)

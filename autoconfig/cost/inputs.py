@@ -20,7 +20,7 @@ Col = np.ndarray
 # finer than the model's accuracy.
 DTYPE = np.float32
 
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2, "op": 3}
 MLP_CODES = {"gelu": 0, "swiglu": 1, "squared_relu": 2}
 
 

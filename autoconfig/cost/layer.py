@@ -150,6 +150,23 @@ def layer_ops(x: CostInputs) -> list[Op]:
     ]
 
 
+def op_level_sac_bytes(x: CostInputs) -> Col:
+    """What torchtitan's op-level selective checkpointing keeps per token of a layer: the
+    layer input, the attention output (with its log-sum-exp) and every other matmul output;
+    everything else is recomputed (torchtitan `activation_checkpoint.selective_ac_option =
+    "op"`, which saves mm outputs alternately and the SDPA output)."""
+    t, sp = x.tp, _sp_div(x)
+    q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
+    moe = x.experts > 0
+    mlp_width = np.where(moe, x.expert_ffn * (x.topk + x.shared_experts), x.ffn)
+    up_width = np.where(x.mlp_kind == 1, 2.0, 1.0) * mlp_width
+    matmul_outputs = 2.0 * (
+        (q_width + 2 * kv_width) / t + x.hidden / sp + up_width / t + x.hidden / sp
+    )
+    attention_output = 2.0 * q_width / t + x.flash * 4.0 * x.heads / t
+    return layer_input_bytes(x) + attention_output + 0.5 * matmul_outputs
+
+
 def layer_input_bytes(x: CostInputs) -> Col:
     """What a fully recomputed layer keeps: its 16-bit input (sharded with SP)."""
     return 2.0 * x.hidden / _sp_div(x)

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoconfig.cost.inputs import Col, CostInputs, stage_layers
-from autoconfig.cost.layer import Op, embedding_ops, head_ops, layer_input_bytes, layer_ops, total
+from autoconfig.cost.layer import (
+    Op,
+    embedding_ops,
+    head_ops,
+    layer_input_bytes,
+    layer_ops,
+    op_level_sac_bytes,
+    total,
+)
 from autoconfig.specs import GIB
 
 
@@ -104,22 +112,27 @@ class Memory:
 def layer_activation_bytes(
     x: CostInputs, tokens: Col, ops: list[Op] | None = None
 ) -> tuple[Col, Col, Col]:
-    """Saved bytes per layer per micro-batch: (no recompute, selective, full)."""
+    """Saved bytes per layer per micro-batch: (no recompute, selective, full, op-level)."""
     ops = ops if ops is not None else layer_ops(x)
     keep = total(ops, "saved")
     dropped = total([op for op in ops if op.dropped_by_selective], "saved")
-    return keep * tokens, (keep - dropped) * tokens, layer_input_bytes(x) * tokens
+    return (
+        keep * tokens,
+        (keep - dropped) * tokens,
+        layer_input_bytes(x) * tokens,
+        np.minimum(op_level_sac_bytes(x), keep) * tokens,
+    )
 
 
 def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | None = None) -> Memory:
     tokens = x.mbs * x.seq / x.cp
-    plain, selective, full = layer_activation_bytes(x, tokens, ops)
+    plain, selective, full, op_level = layer_activation_bytes(x, tokens, ops)
     per_stage = stage_layers(x)
     recomputed = np.where(x.recompute == 2, np.minimum(x.recompute_layers, per_stage), 0.0)
-    per_mb_layer = np.where(x.recompute == 1, selective, plain)
+    per_mb_layer = np.select([x.recompute == 1, x.recompute == 3], [selective, op_level], plain)
     stage_act = recomputed * full + (per_stage - recomputed) * per_mb_layer
     # Backward of a recomputed layer rebuilds that layer's activations one at a time.
-    transient = np.where(recomputed > 0, plain, np.where(x.recompute == 1, plain - selective, 0.0))
+    transient = np.where(recomputed > 0, plain, np.maximum(plain - per_mb_layer, 0.0))
 
     p = params if params is not None else stage_params(x)
     shard = x.dp * x.cp

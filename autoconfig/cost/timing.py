@@ -122,7 +122,12 @@ def step_time(
     f_attn, _ = _fwd_bwd(x, recompute_ops, tokens)
     f_attn = np.maximum(f_attn, _kernels(recompute_ops) * x.kernel_s)
     recomputed = np.where(x.recompute == 2, np.minimum(x.recompute_layers, per_stage), 0.0)
-    extra_fwd = recomputed * f_layer + np.where(x.recompute == 1, per_stage * f_attn, 0.0)
+    # Op-level SAC re-runs every memory-bound op and half of the matmuls.
+    f_cheap, _ = _fwd_bwd(x, [op for op in ops if op.kind == "memory"], tokens)
+    f_mm, _ = _fwd_bwd(x, [op for op in ops if op.kind == "gemm"], tokens)
+    extra_fwd = recomputed * f_layer + per_stage * np.select(
+        [x.recompute == 1, x.recompute == 3], [f_attn, f_cheap + 0.5 * f_mm], 0.0
+    )
 
     f_emb, b_emb = _fwd_bwd(x, embedding_ops(x), tokens)
     f_head, b_head = _fwd_bwd(x, head_ops(x), tokens)

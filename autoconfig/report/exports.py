@@ -27,7 +27,8 @@ def megatron(row: pd.Series, layers: int, gbs: int, seq_len: int, precision: str
         flags.append(f"--expert-model-parallel-size {row['ep']}")
     if bool(row["sp"]):
         flags.append("--sequence-parallel")
-    if row["recompute"] == "selective":
+    if row["recompute"] in ("selective", "op"):
+        # Megatron has no op-level SAC; its selective recompute is the nearest setting.
         flags.append("--recompute-granularity selective")
     elif row["recompute"] == "full":
         flags += [
@@ -64,7 +65,7 @@ def nemo(row: pd.Series, layers: int, gbs: int, seq_len: int, precision: str) ->
             'recipe.model.config.recompute_method = "block"',
             f"recipe.model.config.recompute_num_layers = {row['recompute_layers']}",
         ]
-    elif row["recompute"] == "selective":
+    elif row["recompute"] in ("selective", "op"):
         lines.append('recipe.model.config.recompute_granularity = "selective"')
     if int(row["zero"]) >= 1:
         lines.append("recipe.trainer.strategy.ddp.use_distributed_optimizer = True")
@@ -77,7 +78,9 @@ def torchtitan(row: pd.Series, layers: int, gbs: int, seq_len: int, precision: s
     shard = int(row["dp"]) if int(row["zero"]) >= 2 else 1
     replicate = int(row["dp"]) // shard
     schedule = "Interleaved1F1B" if int(row["vp"]) > 1 else "1F1B"
-    mode = {"none": "none", "selective": "selective", "full": "full"}[row["recompute"]]
+    mode = {"none": "none", "selective": "selective", "full": "full", "op": "selective"}[
+        row["recompute"]
+    ]
     lines = [
         "[parallelism]",
         f"data_parallel_replicate_degree = {replicate}",
@@ -96,6 +99,8 @@ def torchtitan(row: pd.Series, layers: int, gbs: int, seq_len: int, precision: s
         "[activation_checkpoint]",
         f'mode = "{mode}"',
     ]
+    if row["recompute"] == "op":
+        lines.append('selective_ac_option = "op"')
     if int(row["pp"]) > 1:
         lines.insert(7, f"pipeline_parallel_microbatch_size = {row['mbs']}")
     if precision == "fp8":
