@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 
 from autoconfig import catalog
 from autoconfig.advice import closest_fix
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
-from autoconfig.errors import UserError
+from autoconfig.errors import UserError, pydantic_message
 from autoconfig.frame import model_columns_for_frame, prepare
 from autoconfig.rank import Constraints, cost_inputs, explain_winner, layout_label, rank
 from autoconfig.space import enumerate_candidates, load_space
-from autoconfig.specs import ModelSpec, SearchSpace
+from autoconfig.specs import ModelSpec, ParallelConfig, SearchSpace
 
 
 def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
@@ -72,34 +73,43 @@ def estimate(
     if num_gpus < 1:
         raise UserError(f"gpus: must be a positive integer (got {num_gpus})")
     dp = dp if dp is not None else num_gpus // max(tp * pp * cp, 1)
+    try:  # the spec checks types and ranges and names the failing field
+        cfg = ParallelConfig(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            vp=vp,
+            cp=cp,
+            ep=ep,
+            sp=tp > 1 if sp is None else sp,
+            mbs=mbs,
+            gbs=gbs if gbs is not None else max(dp, 1) * mbs,
+            seq_len=seq_len or spec.seq_len,
+            recompute=recompute,
+            recompute_layers=recompute_layers,
+            zero=zero,
+            precision=precision,
+            flash_attention=flash_attention,
+        )
+    except ValidationError as exc:
+        raise UserError(pydantic_message(exc)) from None
+    yes_no = lambda flag: "y" if flag else "n"  # noqa: E731
     row = {
         **model_columns_for_frame(spec),
-        "seq_len": seq_len or spec.seq_len,
+        **cfg.model_dump(exclude={"sp", "flash_attention", "overlap_grad_reduce"}),
         "gpu": gpu,
         "num_gpus": num_gpus,
         "gpus_per_node": gpus_per_node,
-        "tp": tp,
-        "pp": pp,
-        "vp": vp,
-        "cp": cp,
-        "ep": ep,
-        "dp": dp,
-        "sp": "unknown" if sp is None else ("y" if sp else "n"),
-        "mbs": mbs,
-        "gbs": gbs if gbs is not None else dp * mbs,
-        "recompute": recompute,
-        "recompute_layers": recompute_layers,
-        "zero": zero,
-        "precision": precision,
-        "flash_attention": "y" if flash_attention else "n",
+        "sp": yes_no(cfg.sp),
+        "flash_attention": yes_no(cfg.flash_attention),
+        "overlap_grad_reduce": yes_no(cfg.overlap_grad_reduce),
     }
     out, resolved = _estimate(pd.DataFrame([row]))
     if out.at[0, "error"]:
         raise UserError(out.at[0, "error"])
     # Show what was actually estimated (defaults resolved), not the placeholders.
-    for col in ("dp", "sp", "zero", "recompute", "precision", "flash_attention"):
+    for col in ("dp", "sp", "mbs", "zero", "recompute", "precision", "flash_attention"):
         out[col] = resolved[col].to_numpy()
-    out["mbs"] = resolved["mbs"].to_numpy()
     return out
 
 

@@ -147,13 +147,25 @@ def explain_winner(ranked: pd.DataFrame) -> str:
     )
 
 
+def layout_labels(frame: pd.DataFrame) -> pd.Series:
+    """Compact layout names, e.g. 'dp16 tp8 pp8 vp2 sp', for every row at once."""
+    label = (
+        "dp"
+        + frame["dp"].astype(str)
+        + " tp"
+        + frame["tp"].astype(str)
+        + " pp"
+        + frame["pp"].astype(str)
+    )
+    for key in ("vp", "cp", "ep"):
+        extra = frame[key].astype(int) > 1
+        label = label.where(~extra, label + f" {key}" + frame[key].astype(str))
+    return label.where(~frame["sp"].astype(bool), label + " sp")
+
+
 def layout_label(row: pd.Series) -> str:
-    """Compact layout name, e.g. 'dp16 tp8 pp8 vp2 sp'."""
-    parts = [f"dp{row['dp']}", f"tp{row['tp']}", f"pp{row['pp']}"]
-    parts += [f"{k}{row[k]}" for k in ("vp", "cp", "ep") if int(row[k]) > 1]
-    if bool(row["sp"]):
-        parts.append("sp")
-    return " ".join(parts)
+    """Compact layout name of one row."""
+    return layout_labels(row.to_frame().T).iloc[0]
 
 
 def recompute_label(row: pd.Series) -> str:

@@ -14,7 +14,6 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from autoconfig.api import estimate_frame
-from autoconfig.cost import evaluate
 from autoconfig.cost.flops import model_flops_per_token
 from autoconfig.frame import prepare
 
@@ -178,14 +177,3 @@ def memory_table(out: pd.DataFrame) -> pd.DataFrame:
     rows.append({"source_group": "ALL", **error_stats(ape)})
     rows.append({"source_group": "ALL (held out)", **error_stats(ape[~sel["fit_set"]])})
     return pd.DataFrame(rows)
-
-
-__all__ = [
-    "evaluate",
-    "fits_table",
-    "load_training_runs",
-    "memory_table",
-    "playbook_ranking",
-    "predictions",
-    "throughput_table",
-]

@@ -60,8 +60,8 @@ def main() -> None:
                 "`scripts/fit_profiles.py` on the rows whose `sha256(run_id) % 3 == 0` "
                 f"({fitted} ok rows); the *held out* lines use only the other two thirds.",
                 "Measured tokens/s/GPU is taken as published, or converted from published MFU / "
-                "model "
-                "TFLOP/s with the model-FLOPs count the predictions use (Megatron's convention).",
+                "model TFLOP/s with the model-FLOPs count the predictions use (Megatron's "
+                "convention).",
                 "",
                 "## Throughput (tokens/s/GPU), A100/H100/H200",
                 "",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from autoconfig.specs import GIB, ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
 
 Col = np.ndarray
 
@@ -145,10 +145,6 @@ def hardware_columns(gpu: GPUSpec, cluster: ClusterSpec, precision: str) -> dict
         "intra_bytes_s": cluster.intra_node_gb_s * 1e9,
         "inter_bytes_s": cluster.inter_node_gb_s * 1e9,
     }
-
-
-def bytes_to_gb(x: Col) -> Col:
-    return x / GIB
 
 
 def stage_layers(x: CostInputs) -> Col:

@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from autoconfig.rank import layout_label, top_row
+from autoconfig.rank import layout_labels, top_row
 from autoconfig.report.terminal import MEMORY_PARTS, TIME_PARTS
 
 ACCURACY_FILE = Path(__file__).resolve().parent.parent.parent / "docs" / "accuracy.json"
@@ -57,7 +57,7 @@ def _scatter(feasible: pd.DataFrame) -> go.Figure:
                 mode="markers",
                 name=name,
                 marker={"size": 5, "opacity": 0.6},
-                text=[layout_label(r) for _, r in group.iterrows()],
+                text=layout_labels(group),
                 hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.0f} tokens/s/GPU<extra></extra>",
             )
         )
@@ -71,7 +71,7 @@ def _scatter(feasible: pd.DataFrame) -> go.Figure:
 
 
 def _stacked(top: pd.DataFrame, parts: tuple, title: str, unit: str) -> go.Figure:
-    labels = [f"#{r['rank']} {layout_label(r)}" for _, r in top.iterrows()]
+    labels = "#" + top["rank"].astype(str) + " " + layout_labels(top)
     fig = go.Figure()
     for label, col in parts:
         fig.add_trace(go.Bar(name=label, x=labels, y=top[col]))
