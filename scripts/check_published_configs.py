@@ -39,6 +39,13 @@ SPACE = load_space().model_copy(update={"recompute": ["none", "selective", "full
 KNOWN = lambda v: v not in ("", "unknown")  # noqa: E731
 
 
+def _local_batch_only(row: pd.Series) -> bool:
+    """torchtitan publishes the local (per-DP-rank) batch; with pipeline parallelism it splits
+    that batch into micro-batches (by default one per pipeline stage), so the micro-batch is
+    not published and stays free."""
+    return row["framework"] == "torchtitan" and KNOWN(row["pp"]) and int(row["pp"]) > 1
+
+
 def check(row: pd.Series, measured: float) -> dict:
     spec = model_from_row(row)
     gbs, seq, gpus = int(row["gbs"]), int(row["seq_len"]), int(row["num_gpus"])
@@ -60,7 +67,7 @@ def check(row: pd.Series, measured: float) -> dict:
         if KNOWN(row[col]):
             match &= ranked[col] == int(row[col])
     for col in ("vp", "mbs", "zero"):
-        if KNOWN(row[col]):
+        if KNOWN(row[col]) and not (col == "mbs" and _local_batch_only(row)):
             match &= ranked[col] == int(row[col])
     if KNOWN(row["recompute"]):
         match &= ranked["recompute"] == row["recompute"]
