@@ -47,6 +47,8 @@ def evaluate(x: CostInputs) -> dict[str, Col]:
         "mem_transient_gb": mem.transient / GIB,
         "mem_overhead_gb": mem.overhead / GIB,
         "mem_capacity_gb": x.memory_gb,
+        # bytes one layer saves for backward per micro-batch (the trainer measures this)
+        "act_bytes_per_layer": mem.activation_per_layer,
         "time_compute_s": time.compute,
         "time_launch_s": time.launch,
         "time_tp_comm_s": time.tp_comm,

@@ -93,7 +93,7 @@ class Memory:
     logits_embedding: Col  # embedding/LM-head/cross-entropy buffers
     transient: Col  # recompute working set, ZeRO-3 gathered layers
     overhead: Col  # fragmentation, workspaces, CUDA context
-    activation_per_layer: Col  # bytes saved per layer per micro-batch (the trainer's check)
+    activation_per_layer: Col  # mean bytes a stage's layer saves per micro-batch (trainer check)
 
     @property
     def total(self) -> Col:
@@ -168,4 +168,4 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     chosen = np.where(use_last, last, first)
     subtotal = chosen.sum(axis=0)
     overhead = x.mem_overhead * subtotal + x.mem_reserved_gb * GIB
-    return Memory(*chosen, overhead=overhead, activation_per_layer=per_mb_layer)
+    return Memory(*chosen, overhead=overhead, activation_per_layer=stage_act / per_stage)

@@ -1,0 +1,31 @@
+"""`python -m autoconfig.trainer --config trial.json --out DIR`: one rank under torchrun or srun."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from autoconfig.errors import UserError
+from autoconfig.trainer.metrics import EXIT_BAD_INPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autoconfig.trainer")
+    parser.add_argument("--config", required=True, type=Path, help="TrainConfig JSON")
+    parser.add_argument("--out", required=True, type=Path, help="run folder")
+    args = parser.parse_args(argv)
+    try:
+        from autoconfig.trainer.config import load_config
+
+        cfg = load_config(args.config)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from autoconfig.trainer.run import train
+
+    return train(cfg, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

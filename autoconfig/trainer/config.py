@@ -1,0 +1,212 @@
+"""What one trainer run is: the configuration, its checks, and how a search result becomes one.
+
+Everything that makes a layout impossible is rejected here, before any process starts, with
+one line naming the field (`UserError`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autoconfig import catalog
+from autoconfig.errors import UserError, pydantic_message
+from autoconfig.specs import ModelSpec
+
+TrainRecompute = Literal["none", "selective", "full", "op"]
+
+
+class TrainConfig(BaseModel):
+    """One trainer run. `model` is a catalog name, a config.json path, or a full spec."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | ModelSpec
+    layers: int | None = Field(default=None, gt=0, description="keep only this many layers")
+    seq_len: int | None = Field(default=None, gt=0)
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    vp: int = Field(default=1, gt=0)
+    dp: int | None = Field(default=None, gt=0, description="default: world / (tp*pp*cp)")
+    cp: int = Field(default=1, gt=0)
+    ep: int = Field(default=1, gt=0)
+    sp: bool = False
+    mbs: int = Field(default=1, gt=0)
+    gbs: int | None = Field(default=None, gt=0, description="default: dp*mbs*pp")
+    recompute: TrainRecompute = "none"
+    recompute_layers: int | None = Field(
+        default=None, ge=0, description="layers per stage fully recomputed (full; default all)"
+    )
+    zero: int = Field(default=0, ge=0, le=3)
+    precision: Literal["fp32", "bf16"] = Field(
+        default="bf16", description="bf16: autocast with fp32 master weights (GPU); fp32 on CPU"
+    )
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    steps: int = Field(default=10, gt=0)
+    warmup: int = Field(default=2, ge=0, description="steps left out of the median time")
+    seed: int = 1234
+    lr: float = Field(default=3e-4, gt=0)
+    compile: bool = False
+    slice: bool = Field(default=False, description="one device, per-rank shapes of tp")
+    gpu: str | None = Field(default=None, description="GPU profile for MFU (default: detect)")
+    world_size: int | None = Field(default=None, gt=0, description="default: tp*pp*dp*cp")
+    timeout_s: float = Field(default=300.0, gt=0, description="collective timeout per rank")
+
+    def spec(self) -> ModelSpec:
+        """The model as trained: the catalog spec with `layers` / `seq_len` overrides."""
+        base = self.model if isinstance(self.model, ModelSpec) else catalog.get_model(self.model)
+        update: dict[str, object] = {}
+        if self.layers is not None:
+            update["layers"] = self.layers
+        if self.seq_len is not None:
+            update["seq_len"] = self.seq_len
+            update["max_seq_len"] = max(base.max_seq_len, self.seq_len)
+        return base.model_copy(update=update)
+
+    @property
+    def resolved_dp(self) -> int:
+        if self.dp is not None:
+            return self.dp
+        if self.world_size is not None:
+            return max(self.world_size // (self.tp * self.pp * self.cp), 1)
+        return 1
+
+    @property
+    def world(self) -> int:
+        """Processes the run needs (one in slice mode)."""
+        return 1 if self.slice else self.tp * self.pp * self.resolved_dp * self.cp
+
+    @property
+    def global_batch(self) -> int:
+        if self.gbs is not None:
+            return self.gbs
+        return self.resolved_dp * self.mbs * (self.pp if self.pp > 1 else 1)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // (self.resolved_dp * self.mbs)
+
+    def checked(self) -> TrainConfig:
+        """Self, after every layout rule (raises UserError with one line)."""
+        spec = self.spec()
+        tp = 1 if self.slice else self.tp
+        dp = self.resolved_dp
+        rules = [
+            (
+                self.world_size is not None
+                and not self.slice
+                and self.world_size != self.tp * self.pp * dp * self.cp,
+                f"world size: {self.world_size} processes but tp*pp*dp*cp = "
+                f"{self.tp}*{self.pp}*{dp}*{self.cp} = {self.tp * self.pp * dp * self.cp}",
+            ),
+            (spec.heads % self.tp != 0, f"tp: {self.tp} does not divide heads ({spec.heads})"),
+            (
+                spec.kv % self.tp != 0,
+                f"tp: {self.tp} does not divide kv_heads ({spec.kv}); the bundled trainer "
+                "does not replicate KV heads",
+            ),
+            (
+                self.pp * self.vp > spec.layers,
+                f"pp: pp*vp = {self.pp * self.vp} exceeds the {spec.layers} layers",
+            ),
+            (
+                spec.layers % (self.pp * self.vp) != 0,
+                f"pp: pp*vp = {self.pp * self.vp} must divide the {spec.layers} layers",
+            ),
+            (self.vp > 1 and self.pp == 1, "vp: virtual stages need pp > 1"),
+            (
+                self.global_batch % (dp * self.mbs) != 0,
+                f"gbs: {self.global_batch} is not divisible by dp*mbs = {dp * self.mbs}",
+            ),
+            (
+                self.pp > 1 and self.micro_batches < self.pp,
+                f"gbs: {self.micro_batches} micro-batches per step but pp = {self.pp} needs at "
+                f"least {self.pp} (raise gbs or lower mbs)",
+            ),
+            (
+                self.vp > 1 and self.micro_batches % self.pp != 0,
+                f"gbs: interleaved pipelining needs micro-batches ({self.micro_batches}) "
+                f"divisible by pp ({self.pp})",
+            ),
+            (self.sp and tp == 1, "sp: sequence parallelism needs tp > 1"),
+            (
+                self.sp and self.seq(spec) % self.tp != 0,
+                f"sp: tp {self.tp} does not divide seq_len {self.seq(spec)}",
+            ),
+            (
+                self.cp > 1,
+                "cp: context parallelism is not available in the bundled trainer (torch's "
+                "context_parallel needs CUDA flash/efficient SDPA and is not wired in yet)",
+            ),
+            (
+                self.ep > 1,
+                "ep: expert parallelism is not available in the bundled trainer yet "
+                "(experts are replicated; use ep 1)",
+            ),
+            (
+                spec.is_moe and tp > 1,
+                "tp: the bundled trainer keeps MoE experts unsharded; use tp 1 for MoE models",
+            ),
+            (
+                self.zero == 1 and self.tp > 1 and not self.slice,
+                "zero: ZeRO-1 (DDP + ZeroRedundancyOptimizer) cannot shard DTensor (tp > 1) "
+                "parameters; use zero 0, 2 or 3 with tp > 1",
+            ),
+            (self.zero > 0 and dp == 1, "zero: ZeRO sharding needs dp > 1"),
+            (self.slice and self.pp > 1, "pp: slice mode runs one device; use pp 1"),
+            (
+                self.recompute_layers is not None
+                and self.recompute_layers > spec.layers // self.pp,
+                f"recompute_layers: at most {spec.layers // self.pp} layers per stage",
+            ),
+            (self.warmup >= self.steps, f"warmup: {self.warmup} must be below steps {self.steps}"),
+        ]
+        for bad, message in rules:
+            if bad:
+                raise UserError(message)
+        return self
+
+    def seq(self, spec: ModelSpec | None = None) -> int:
+        return (spec or self.spec()).seq_len if self.seq_len is None else self.seq_len
+
+
+def load_config(path: Path) -> TrainConfig:
+    """A TrainConfig from a JSON file (the measured search writes these)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"config: no such file {path}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"config: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
+    return make_config(**data)
+
+
+def make_config(**fields: object) -> TrainConfig:
+    try:
+        return TrainConfig(**fields).checked()
+    except ValidationError as exc:
+        raise UserError(pydantic_message(exc)) from None
+
+
+def config_from_search_row(
+    row: pd.Series | dict, model: str | ModelSpec, *, seq_len: int, gbs: int, **overrides: object
+) -> TrainConfig:
+    """The trainer configuration for one row of `autoconfig.search`'s results, so the measured
+    search can launch any ranked candidate. `overrides` (steps, layers, device, ...) win."""
+    r = dict(row)
+    recompute = str(r.get("recompute", "none"))
+    fields: dict[str, object] = {
+        "model": model,
+        "seq_len": seq_len,
+        "gbs": gbs,
+        **{k: int(r[k]) for k in ("tp", "pp", "vp", "dp", "cp", "ep", "mbs", "zero") if k in r},
+        "sp": bool(r.get("sp", False)),
+        "recompute": recompute,
+    }
+    if recompute == "full" and "recompute_layers" in r:
+        fields["recompute_layers"] = int(r["recompute_layers"])
+    fields.update(overrides)
+    return make_config(**fields)

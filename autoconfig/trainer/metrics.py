@@ -1,0 +1,78 @@
+"""The schema of a run's metrics.json, shared by the trainer and the measured search."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal["ok", "oom", "error"]
+
+# Exit codes of `autoconfig train` / `python -m autoconfig.trainer` (2 is bad input).
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM = 0, 1, 2, 3
+
+
+class Environment(BaseModel):
+    torch: str
+    python: str
+    backend: str
+    device_type: str
+    device_names: list[str]
+    world_size: int
+    hostname: str
+
+
+class RankMemory(BaseModel):
+    """One rank's memory. On GPU the allocator's peaks; everywhere the exact bytes of the
+    local parameter, gradient and optimizer-state shards, and the bytes saved for backward."""
+
+    rank: int
+    pp_rank: int
+    peak_allocated_gb: float | None = None
+    peak_reserved_gb: float | None = None
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    parameters: int = Field(description="parameter elements held by this rank")
+    saved_activation_bytes: int = Field(
+        description="peak bytes saved for backward by one micro-batch (all its layers)"
+    )
+    saved_activation_bytes_per_layer: float
+
+
+class RunMetrics(BaseModel):
+    status: Status
+    message: str = ""
+    config: dict
+    environment: Environment | None = None
+    step_times_s: list[float] = []
+    median_step_time_s: float | None = None
+    tokens_per_step: int | None = None
+    tokens_per_s_per_gpu: float | None = None
+    model_tflops_per_gpu: float | None = None
+    mfu: float | None = Field(default=None, description="against the GPU profile's dense peak")
+    gpu_profile: str | None = None
+    losses: list[float] = []
+    memory: list[RankMemory] = []
+    slice_layer: dict | None = Field(
+        default=None, description="slice mode: per-layer forward/backward times and bytes"
+    )
+    predicted: dict | None = Field(
+        default=None, description="the cost model's figures for the same configuration"
+    )
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write-then-rename, so a killed run never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+
+
+def read_metrics(path: Path) -> RunMetrics:
+    return RunMetrics.model_validate_json(Path(path).read_text())

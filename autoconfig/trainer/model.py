@@ -1,0 +1,246 @@
+"""The bundled decoder-only transformer: every architecture feature of the catalog.
+
+LayerNorm/RMSNorm, GELU/SwiGLU/squared-ReLU, learned or rotary positions, MHA/GQA through
+SDPA (flash on GPU and CPU), tied or untied embeddings, dropout, and top-k routed MoE (experts
+replicated on every rank: expert parallelism is not implemented yet). Linear layers carry no
+bias, as in Llama and as the cost model counts parameters.
+
+Modules are plain `nn.Module`s working on rank-local tensors: the TP plan (parallel.py) turns
+the linears into DTensor-sharded ones, and attention infers its local head count from the
+sharded projection width, so one code path serves every layout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from autoconfig.specs import ModelSpec
+from autoconfig.trainer import ops
+
+
+def rope_tables(seq: int, head_dim: int, base: float = 500000.0) -> tuple[torch.Tensor, ...]:
+    """cos/sin tables of rotary embeddings (Su et al. 2021), shape (seq, head_dim)."""
+    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (batch, seq, heads, head_dim)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    cos, sin = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, d = spec.hidden, spec.dhead
+        self.head_dim = d
+        self.dropout = 0.1 if spec.dropout else 0.0
+        self.wq = nn.Linear(h, spec.heads * d, bias=False)
+        self.wk = nn.Linear(h, spec.kv * d, bias=False)
+        self.wv = nn.Linear(h, spec.kv * d, bias=False)
+        self.wo = nn.Linear(spec.heads * d, h, bias=False)
+        self.selective = False  # recompute the attention core in backward (set by the plan)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1: the local head count, heads/tp under tensor parallelism.
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.selective:
+            out = ops.checkpointed(self.core, q, k, v)
+        else:
+            out = self.core(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _activation(kind: str, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    if kind == "swiglu":
+        return F.silu(gate) * up
+    if kind == "squared_relu":
+        return F.relu(up).square()
+    return F.gelu(up, approximate="tanh")
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, width: int, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.w1 = nn.Linear(hidden, width, bias=False)  # up
+        self.w3 = nn.Linear(hidden, width, bias=False) if kind == "swiglu" else None  # gate
+        self.w2 = nn.Linear(width, hidden, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.w3(x) if self.w3 is not None else None
+        return self.w2(_activation(self.kind, self.w1(x), gate))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (softmax router, weights renormalised over the top k) plus
+    optional shared experts. Experts run over the tokens routed to them."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        width = spec.expert_ffn
+        self.topk = spec.topk
+        self.router = nn.Linear(spec.hidden, spec.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            MLP(spec.hidden, width, spec.mlp) for _ in range(spec.num_experts)
+        )
+        self.shared = (
+            MLP(spec.hidden, width * spec.shared_experts, spec.mlp) if spec.shared_experts else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        probs = self.router(flat).float().softmax(-1)
+        weight, chosen = probs.topk(self.topk, dim=-1)
+        weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.nonzero(chosen == e, as_tuple=True)
+            if token.numel():
+                out = out.index_add(0, token, expert(flat[token]) * weight[token, slot, None])
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.view_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attn_norm = ops.Norm(spec.hidden, spec.norm)
+        self.attn = Attention(spec)
+        self.mlp_norm = ops.Norm(spec.hidden, spec.norm)
+        self.mlp = MoE(spec) if spec.is_moe else MLP(spec.hidden, spec.ffn, spec.mlp)
+        self.dropout = 0.1 if spec.dropout else 0.0
+        self.recompute = False  # full recompute of this layer (set by the plan)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None):
+        rope = (cos, sin) if cos is not None else None
+        x = x + F.dropout(self.attn(self.attn_norm(x), rope), self.dropout, self.training)
+        return x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None):
+        cos, sin = rope if rope is not None else (None, None)
+        if self.recompute:
+            return ops.checkpointed(self._forward, x, cos, sin)
+        return self._forward(x, cos, sin)
+
+
+class Transformer(nn.Module):
+    """A stage-able decoder: `first`/`last` say whether this copy holds the embedding and the
+    head, and `layer_ids` which global layers it keeps (pipeline stages drop the others)."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int, layer_ids: list[int] | None = None,
+                 first: bool = True, last: bool = True) -> None:
+        super().__init__()
+        self.spec, self.first, self.last = spec, first, last
+        ids = list(range(spec.layers)) if layer_ids is None else layer_ids
+        self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden) if first else None
+        learned = spec.position == "learned"
+        self.pos_embeddings = nn.Embedding(seq_len, spec.hidden) if first and learned else None
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in ids})
+        self.norm = ops.Norm(spec.hidden, spec.norm) if last else None
+        tie_here = spec.tied_embeddings and first and last
+        self.output = None if tie_here or not last else nn.Linear(spec.hidden, spec.vocab, bias=False)
+        cos, sin = rope_tables(seq_len, spec.dhead) if not learned else (None, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.dropout = 0.1 if spec.dropout else 0.0
+        # Set by the TP plan with sequence parallelism: this rank's sequence shard.
+        self.seq_shard: tuple[int, int] = (0, 1)
+        self.pos_grad_group = None
+
+    def init_weights(self, seed: int, layer_ids: list[int] | None = None) -> None:
+        """Deterministic init keyed by global layer index, so every pipeline split and every
+        layout starts from the same weights (std 0.02, output projections scaled by depth)."""
+        std = 0.02
+        out_std = std / math.sqrt(2 * self.spec.layers)
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(seed)
+            emb = torch.empty(self.spec.vocab, self.spec.hidden).normal_(0, std, generator=gen)
+            pos = torch.empty(self.pos_len(), self.spec.hidden).normal_(0, std, generator=gen)
+            head = torch.empty(self.spec.vocab, self.spec.hidden).normal_(0, std, generator=gen)
+            if self.tok_embeddings is not None:
+                self.tok_embeddings.weight.copy_(emb)
+            if self.pos_embeddings is not None:
+                self.pos_embeddings.weight.copy_(pos[: self.pos_embeddings.weight.shape[0]])
+            if self.output is not None:
+                self.output.weight.copy_(emb if self.spec.tied_embeddings else head)
+            for name, block in self.layers.items():
+                g = torch.Generator().manual_seed(seed * 100003 + int(name) + 1)
+                for pname, p in sorted(block.named_parameters()):
+                    if p.dim() == 1:
+                        p.fill_(1.0)
+                    else:
+                        scale = out_std if pname.endswith(("wo.weight", "w2.weight")) else std
+                        p.copy_(torch.empty(p.shape).normal_(0, scale, generator=g))
+
+    def pos_len(self) -> int:
+        return self.pos_embeddings.weight.shape[0] if self.pos_embeddings is not None else 1
+
+    def head_weight(self) -> torch.Tensor:
+        return self.output.weight if self.output is not None else self.tok_embeddings.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            tokens = x
+            x = self.tok_embeddings(tokens)
+            if self.pos_embeddings is not None:
+                x = x + self._positions(tokens.shape[1], tokens.device)
+            x = F.dropout(x, self.dropout, self.training)
+        rope = None
+        if self.rope_cos is not None:
+            # With sequence parallelism a rank holds a contiguous sequence shard between
+            # blocks, but attention always sees the full sequence (TP all-gathers it).
+            rope = (self.rope_cos, self.rope_sin)
+        for block in self.layers.values():
+            x = block(x, rope)
+        if not self.last:
+            return x
+        x = self.norm(x)
+        if self.output is not None:
+            return self.output(x)
+        return self._tied_head(x)
+
+    def _positions(self, seq: int, device: torch.device) -> torch.Tensor:
+        rank, size = self.seq_shard
+        local = seq // size
+        weight = self.pos_embeddings.weight
+        if self.pos_grad_group is not None:
+            weight = ops.AllReduceGrad.apply(weight, self.pos_grad_group)
+        return F.embedding(torch.arange(rank * local, (rank + 1) * local, device=device), weight)
+
+    def _tied_head(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.tok_embeddings.weight
+        if not isinstance(weight, DTensor):
+            return F.linear(x, weight)
+        # TP: the vocab-sharded embedding is the head; gather the sequence, then the logits.
+        layout = [Shard(1)] if self.seq_shard[1] > 1 else [Replicate()]
+        x = DTensor.from_local(x, weight.device_mesh, layout).redistribute(placements=[Replicate()])
+        return F.linear(x, weight).full_tensor()

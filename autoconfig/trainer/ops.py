@@ -1,0 +1,149 @@
+"""Building blocks whose saved-for-backward tensors match the cost model's op list.
+
+A fused RMSNorm (keeps only its input and the fp32 inverse RMS, like Apex/TE fused kernels,
+instead of the fp32 copies the unfused `nn.RMSNorm` keeps), activation checkpointing that
+records what it keeps alive, and a counter of the bytes autograd saves per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, grad_group):  # type: ignore[override]
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        ctx.grad_group = grad_group
+        return (x.float() * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        x, rstd, weight = ctx.saved_tensors
+        xhat = x.float() * rstd
+        g = grad.float() * weight.float()
+        dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        dw = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        if ctx.grad_group is not None:
+            # Sequence parallel: each TP rank saw only its sequence shard.
+            dist.all_reduce(dw, group=ctx.grad_group)
+        return dx.to(x.dtype), dw.to(weight.dtype), None, None
+
+
+class Norm(nn.Module):
+    """RMSNorm (fused: saves input + fp32 rstd) or LayerNorm (native: input + mean + rstd).
+
+    With sequence parallelism the weight gradient is a partial sum per TP rank; `grad_group`
+    (set by the TP plan) all-reduces it, as Megatron-LM does for its norm weights."""
+
+    def __init__(self, dim: int, kind: str, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.kind, self.eps = kind, eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.grad_group: dist.ProcessGroup | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "rmsnorm":
+            return _RMSNormFn.apply(x, self.weight, self.eps, self.grad_group)
+        weight = self.weight
+        if self.grad_group is not None:
+            weight = AllReduceGrad.apply(weight, self.grad_group)
+        return F.layer_norm(x, (x.shape[-1],), weight, None, self.eps)
+
+
+class AllReduceGrad(torch.autograd.Function):
+    """Identity whose backward sums the gradient over a process group."""
+
+    @staticmethod
+    def forward(ctx, t, group):  # type: ignore[override]
+        ctx.group = group
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local tensor of a DTensor (what actually occupies this rank's memory)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _storages(t: torch.Tensor) -> list[tuple[int, int]]:
+    """(data pointer, bytes) of the real storages behind `t`, looking through tensor
+    subclasses (DTensor, the async collective wrappers) to the tensors they hold."""
+    if t.device.type == "meta":
+        return []
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None and type(t) is not torch.nn.Parameter:
+        names, _ = flatten()
+        inner = [getattr(t, name) for name in names]
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]
+    storage = t.untyped_storage()
+    return [(storage.data_ptr(), storage.nbytes())]
+
+
+class SavedBytes:
+    """Counts the distinct storages autograd saves for backward into every region on
+    `stack` (e.g. "all" and "layer3"). Storages are counted once (q/k/v linears share one
+    saved input); parameters are not activations and are skipped."""
+
+    def __init__(self) -> None:
+        self.by_region: dict[str, int] = {}
+        self.stack: list[str] = []
+        self._seen: dict[str, set[int]] = {}
+        self._params: set[int] = set()
+
+    def ignore_parameters(self, module: nn.Module) -> None:
+        for p in module.parameters():
+            self._params.update(ptr for ptr, _ in _storages(p.data))
+
+    def add(self, t: object) -> None:
+        if not self.stack or not isinstance(t, torch.Tensor) or isinstance(t, nn.Parameter):
+            return  # parameters (also FSDP's gathered ones) are not activations
+        for ptr, nbytes in _storages(t):
+            if ptr in self._params or ptr == 0:
+                continue
+            for region in self.stack:
+                seen = self._seen.setdefault(region, set())
+                if ptr not in seen:
+                    seen.add(ptr)
+                    self.by_region[region] = self.by_region.get(region, 0) + nbytes
+
+    @contextmanager
+    def hooks(self):
+        """Count while inside (packing keeps the tensor itself: no copies, no extra memory)."""
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            self.add(t)
+            return t
+
+        ACTIVE.append(self)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                yield
+        finally:
+            ACTIVE.remove(self)
+
+
+# The counters measuring right now (checkpointed regions report the inputs they keep).
+ACTIVE: list[SavedBytes] = []
+
+
+def checkpointed(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+    """Activation checkpointing (non-reentrant): only the inputs stay alive until backward,
+    so those are what the counter records."""
+    if ACTIVE:
+        for a in args:
+            ACTIVE[-1].add(a)
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True)

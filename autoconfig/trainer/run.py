@@ -1,0 +1,369 @@
+"""One rank of a trainer run: set up the layout, train a few steps on synthetic tokens, time
+them, measure memory, and write this rank's result (rank0 assembles metrics.json)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from autoconfig.errors import UserError
+from autoconfig.trainer import ops
+from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.metrics import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_OOM,
+    Environment,
+    RankMemory,
+    write_json_atomic,
+)
+from autoconfig.trainer.model import Transformer
+from autoconfig.trainer.parallel import apply_dp, apply_recompute, apply_tp, build_mesh, make_optimizer
+
+
+def rank_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's variables, else SLURM's (srun)."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0))
+    if "SLURM_PROCID" in env:
+        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+        env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+        env["RANK"], env["WORLD_SIZE"] = str(rank), str(world)
+        return rank, world, int(env.get("SLURM_LOCALID", 0))
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", "29500")
+    env["RANK"], env["WORLD_SIZE"] = "0", "1"
+    return 0, 1, 0
+
+
+def synthetic_batch(cfg: TrainConfig, step: int, vocab: int, seq: int) -> torch.Tensor:
+    """The global batch of step `step`: seeded, identical whatever the layout."""
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + step)
+    return torch.randint(0, vocab, (cfg.global_batch, seq + 1), generator=gen)
+
+
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+class Rank:
+    """The state of one rank: its mesh coordinates, stage modules and optimizer."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world: int, local_rank: int) -> None:
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.spec = cfg.spec()
+        self.seq = cfg.seq(self.spec)
+        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise UserError("device: cuda requested but no GPU is visible")
+        self.device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(self.device)
+        self.bf16 = use_cuda and cfg.precision == "bf16"
+        self.mesh = build_mesh(cfg, self.device.type) if world > 1 else None
+        coords = self.mesh.get_coordinate() if self.mesh is not None else [0, 0, 0]
+        self.pp_rank, self.dp_rank, self.tp_rank = coords
+        self.chunks = self._build_chunks()
+        params = [p for m in self.chunks for p in m.parameters()]
+        self.optimizer = make_optimizer(params, cfg, self.mesh)
+        self.schedule = self._build_schedule() if cfg.pp > 1 else None
+        self.tied_group = self._tied_group()
+        self.counter = ops.SavedBytes()
+
+    # -- construction -------------------------------------------------------------------
+    def _stage_ids(self) -> list[int]:
+        """Interleaving: rank r holds stages r, r+pp, ... (Megatron's virtual pipeline)."""
+        return [c * self.cfg.pp + self.pp_rank for c in range(self.cfg.vp)]
+
+    def _build_chunks(self) -> list[torch.nn.Module]:
+        cfg, spec = self.cfg, self.spec
+        stages = cfg.pp * cfg.vp
+        per_stage = spec.layers // stages
+        chunks = []
+        for s in self._stage_ids():
+            ids = list(range(s * per_stage, (s + 1) * per_stage))
+            model = Transformer(spec, self.seq, ids, first=s == 0, last=s == stages - 1)
+            model.init_weights(cfg.seed)
+            model.to(self.device)
+            if cfg.tp > 1:
+                apply_tp(model, self.mesh["tp"], cfg.sp)
+            apply_recompute(model, cfg)
+            if cfg.compile:
+                for block in model.layers.values():
+                    block.compile()
+            chunks.append(apply_dp(model, cfg, self.mesh, self.bf16) if self.mesh else model)
+        return chunks
+
+    def _build_schedule(self):
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleInterleaved1F1B,
+        )
+
+        cfg = self.cfg
+        group = self.mesh["pp"].get_group()
+        stages = [
+            PipelineStage(chunk, s, cfg.pp * cfg.vp, self.device, group=group)
+            for chunk, s in zip(self.chunks, self._stage_ids(), strict=True)
+        ]
+        if cfg.vp > 1:
+            return ScheduleInterleaved1F1B(stages, cfg.micro_batches, loss_fn=loss_fn)
+        return Schedule1F1B(stages[0], cfg.micro_batches, loss_fn=loss_fn)
+
+    def _tied_group(self) -> dist.ProcessGroup | None:
+        """Tied embeddings across pipeline stages: the first and the last stage each keep a
+        copy and sum their gradients (Megatron-LM's embedding group)."""
+        if not (self.spec.tied_embeddings and self.cfg.pp > 1):
+            return None
+        mine = None
+        ranks = self.mesh.mesh
+        for d in range(ranks.shape[1]):
+            for t in range(ranks.shape[2]):
+                pair = [int(ranks[0, d, t]), int(ranks[-1, d, t])]
+                group = dist.new_group(pair)
+                if self.rank in pair:
+                    mine = group
+        return mine
+
+    # -- one step -----------------------------------------------------------------------
+    def local_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = synthetic_batch(self.cfg, step, self.spec.vocab, self.seq)
+        per_dp = self.cfg.global_batch // self.cfg.resolved_dp
+        mine = tokens[self.dp_rank * per_dp : (self.dp_rank + 1) * per_dp].to(self.device)
+        return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
+
+    def step(self, step: int) -> float | None:
+        """One optimizer step; returns the mean loss of this rank's micro-batches (None on
+        ranks without the last stage)."""
+        cfg = self.cfg
+        inputs, targets = self.local_batch(step)
+        autocast = torch.autocast("cuda", torch.bfloat16, enabled=self.bf16)
+        loss = None
+        with autocast:
+            if self.schedule is not None:
+                losses: list[torch.Tensor] = []
+                is_first, is_last = self.pp_rank == 0, self.pp_rank == cfg.pp - 1
+                args = (inputs,) if is_first else ()
+                kwargs = {"target": targets, "losses": losses} if is_last else {}
+                self.schedule.step(*args, **kwargs)
+                if is_last:
+                    loss = float(torch.stack([x.detach().float() for x in losses]).mean())
+            else:
+                model = self.chunks[0]
+                total = 0.0
+                for mi, mb in enumerate(range(0, inputs.shape[0], cfg.mbs)):
+                    out = model(inputs[mb : mb + cfg.mbs])
+                    mb_loss = loss_fn(out, targets[mb : mb + cfg.mbs])
+                    (mb_loss / cfg.micro_batches).backward()
+                    total += float(mb_loss.detach())
+                    del out, mi
+                loss = total / cfg.micro_batches
+        self._sync_tied()
+        self.grad_bytes = sum(
+            _local_bytes(p.grad) for m in self.chunks for p in m.parameters() if p.grad is not None
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def _sync_tied(self) -> None:
+        if self.tied_group is None:
+            return
+        for chunk in self.chunks:
+            inner = getattr(chunk, "module", chunk)
+            for module in (inner.tok_embeddings, inner.output):
+                if module is not None and module.weight.grad is not None:
+                    dist.all_reduce(_local(module.weight.grad), group=self.tied_group)
+
+    def global_loss(self, loss: float | None) -> float:
+        """The mean loss over the whole global batch, on every rank."""
+        if self.world == 1:
+            return float(loss)
+        owner = self.pp_rank == self.cfg.pp - 1 and self.tp_rank == 0
+        mine = loss if owner and loss is not None else 0.0
+        value = torch.tensor([mine], dtype=torch.float64, device=self.device)
+        dist.all_reduce(value)
+        return float(value) / self.cfg.resolved_dp
+
+    # -- measurement ---------------------------------------------------------------------
+    def memory(self, saved: int, per_layer: float) -> RankMemory:
+        params = [p for m in self.chunks for p in m.parameters()]
+        state = getattr(self.optimizer, "optim", self.optimizer).state
+        optim_bytes = sum(
+            _local_bytes(v)
+            for s in state.values()
+            for name, v in s.items()
+            if torch.is_tensor(v) and name != "step"  # Adam's step counters are scalars
+        )
+        cuda = self.device.type == "cuda"
+        return RankMemory(
+            rank=self.rank,
+            pp_rank=self.pp_rank,
+            peak_allocated_gb=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+            peak_reserved_gb=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
+            parameter_bytes=sum(_local_bytes(p) for p in params),
+            gradient_bytes=getattr(self, "grad_bytes", 0),
+            optimizer_bytes=optim_bytes,
+            parameters=sum(_local(p).numel() for p in params),
+            saved_activation_bytes=saved,
+            saved_activation_bytes_per_layer=per_layer,
+        )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    local = _local(t)
+    return local.numel() * local.element_size()
+
+
+class LayerProbe:
+    """Counts what the first micro-batch's forward saves for backward, per layer and in all
+    (one stage module per rank; interleaved chunks count their first chunk)."""
+
+    def __init__(self, counter: ops.SavedBytes, model: torch.nn.Module) -> None:
+        self.counter, self.calls, self.handles = counter, 0, []
+        inner = getattr(model, "module", model)
+        counter.ignore_parameters(inner)
+        self.layers = list(inner.layers.values())
+        self.handles.append(inner.register_forward_pre_hook(self._start))
+        self.handles.append(inner.register_forward_hook(self._stop))
+        for i, block in enumerate(self.layers):
+            self.handles.append(block.register_forward_pre_hook(self._enter(f"layer{i}")))
+            self.handles.append(block.register_forward_hook(self._leave))
+
+    def _start(self, *_):
+        if self.calls == 0:
+            self.counter.stack = ["all"]
+
+    def _stop(self, *_):
+        self.calls += 1
+        self.counter.stack = []
+
+    def _enter(self, name: str):
+        def hook(*_):
+            if self.counter.stack:
+                self.counter.stack.append(name)
+
+        return hook
+
+    def _leave(self, *_):
+        if len(self.counter.stack) > 1:
+            self.counter.stack.pop()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def figures(self) -> tuple[int, float]:
+        total = self.counter.by_region.get("all", 0)
+        layers = [self.counter.by_region.get(f"layer{i}", 0) for i in range(len(self.layers))]
+        return total, (sum(layers) / len(layers) if layers else 0.0)
+
+
+def train(cfg: TrainConfig, out: Path) -> int:
+    """Run this rank; returns the process exit code. Each rank writes rank{r}.json."""
+    rank, world, local_rank = rank_env()
+    result: dict = {"rank": rank, "status": "error", "message": ""}
+    started = False
+    try:
+        if cfg.world != world:
+            raise UserError(
+                f"world size: {world} processes but the layout needs tp*pp*dp*cp = {cfg.world}"
+            )
+        if world > 1:
+            cuda = cfg.device != "cpu" and torch.cuda.is_available()
+            dist.init_process_group(
+                "nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.timeout_s)
+            )
+            started = True
+        state = Rank(cfg, rank, world, local_rank)
+        result.update(train_loop(state))
+        result["status"] = "ok"
+        code = EXIT_OK
+    except torch.OutOfMemoryError as exc:
+        result.update(status="oom", message=str(exc).splitlines()[0][:500])
+        code = EXIT_OOM
+    except UserError as exc:
+        result.update(status="error", message=str(exc))
+        code = EXIT_ERROR
+    except Exception as exc:  # any rank failure is data for the run, never a hang
+        tail = traceback.format_exc().strip().splitlines()[-3:]
+        result.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500], trace=tail)
+        code = EXIT_ERROR
+    result["environment"] = environment(world).model_dump()
+    write_json_atomic(out / f"rank{rank}.json", result)
+    if started:
+        if code == EXIT_OK:
+            dist.barrier()
+            if rank == 0:
+                from autoconfig.trainer.launch import assemble
+
+                assemble(cfg, out, world)
+        dist.destroy_process_group()
+    return code
+
+
+def train_loop(state: Rank) -> dict:
+    cfg = state.cfg
+    probe = LayerProbe(state.counter, state.chunks[0])
+    state.counter.stack = []
+    times, losses = [], []
+    for step in range(cfg.steps):
+        if state.device.type == "cuda":
+            torch.cuda.synchronize()
+        if state.world > 1:
+            dist.barrier()
+        begin = time.perf_counter()
+        if step == 0:
+            with state.counter.hooks():
+                loss = state.step(step)
+            probe.remove()
+        else:
+            loss = state.step(step)
+        if state.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - begin)
+        losses.append(state.global_loss(loss))
+    saved, per_layer = probe.figures()
+    return {
+        "step_times_s": times,
+        "losses": losses,
+        "memory": state.memory(saved, per_layer).model_dump(),
+    }
+
+
+def environment(world: int) -> Environment:
+    cuda = torch.cuda.is_available()
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [
+        platform.processor() or platform.machine()
+    ]
+    return Environment(
+        torch=torch.__version__,
+        python=sys.version.split()[0],
+        backend=("nccl" if cuda else "gloo") if world > 1 else "none",
+        device_type="cuda" if cuda else "cpu",
+        device_names=names,
+        world_size=world,
+        hostname=socket.gethostname(),
+    )
+
+
+def median_after_warmup(times: list[float], warmup: int) -> float:
+    return statistics.median(times[warmup:] if len(times) > warmup else times)
