@@ -103,6 +103,7 @@ class SavedBytes:
         self.stack: list[str] = []
         self._seen: dict[str, set[int]] = {}
         self._params: set[int] = set()
+        self.transient_params: set[int] = set()  # the running layer's gathered weights
 
     def ignore_parameters(self, module: nn.Module) -> None:
         for p in module.parameters():
@@ -112,7 +113,7 @@ class SavedBytes:
         if not self.stack or not isinstance(t, torch.Tensor) or isinstance(t, nn.Parameter):
             return  # parameters (also FSDP's gathered ones) are not activations
         for ptr, nbytes in _storages(t):
-            if ptr in self._params or ptr == 0:
+            if ptr in self._params or ptr in self.transient_params or ptr == 0:
                 continue
             for region in self.stack:
                 seen = self._seen.setdefault(region, set())

@@ -245,7 +245,7 @@ class LayerProbe:
         self.handles.append(inner.register_forward_pre_hook(self._start))
         self.handles.append(inner.register_forward_hook(self._stop))
         for i, block in enumerate(self.layers):
-            self.handles.append(block.register_forward_pre_hook(self._enter(f"layer{i}")))
+            self.handles.append(block.register_forward_pre_hook(self._enter(f"layer{i}", block)))
             self.handles.append(block.register_forward_hook(self._leave))
 
     def _start(self, *_):
@@ -256,14 +256,19 @@ class LayerProbe:
         self.calls += 1
         self.counter.stack = []
 
-    def _enter(self, name: str):
+    def _enter(self, name: str, block: torch.nn.Module):
         def hook(*_):
+            # FSDP has gathered the layer's weights by now: those are not activations.
+            self.counter.transient_params = {
+                ptr for p in block.parameters() for ptr, _ in ops._storages(p.data)
+            }
             if self.counter.stack:
                 self.counter.stack.append(name)
 
         return hook
 
     def _leave(self, *_):
+        self.counter.transient_params = set()
         if len(self.counter.stack) > 1:
             self.counter.stack.pop()
 
