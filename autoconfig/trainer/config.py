@@ -41,8 +41,10 @@ class TrainConfig(BaseModel):
         default=None, ge=0, description="layers per stage fully recomputed (full; default all)"
     )
     zero: int = Field(default=0, ge=0, le=3)
-    precision: Literal["fp32", "bf16"] = Field(
-        default="bf16", description="bf16: autocast with fp32 master weights (GPU); fp32 on CPU"
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="auto: bf16 on GPU, fp32 on CPU. bf16 on GPU is autocast with fp32 master "
+        "weights; on CPU it stores weights and activations in bf16 (for memory measurements)",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     steps: int = Field(default=10, gt=0)
@@ -156,6 +158,11 @@ class TrainConfig(BaseModel):
                 "parameters; use zero 0, 2 or 3 with tp > 1",
             ),
             (self.zero > 0 and dp == 1, "zero: ZeRO sharding needs dp > 1"),
+            (
+                self.recompute == "op",
+                "recompute: op-level selective checkpointing is not in the bundled trainer yet; "
+                "use none, selective or full",
+            ),
             (self.slice and self.pp > 1, "pp: slice mode runs one device; use pp 1"),
             (
                 self.recompute_layers is not None

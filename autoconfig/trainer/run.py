@@ -65,6 +65,10 @@ class Rank:
     def __init__(self, cfg: TrainConfig, rank: int, world: int, local_rank: int) -> None:
         self.cfg, self.rank, self.world = cfg, rank, world
         self.spec = cfg.spec()
+        if cfg.slice:
+            from autoconfig.trainer.launch import slice_spec
+
+            self.spec = slice_spec(self.spec, cfg.tp)
         self.seq = cfg.seq(self.spec)
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -72,7 +76,8 @@ class Rank:
         self.device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(self.device)
-        self.bf16 = use_cuda and cfg.precision == "bf16"
+        self.bf16 = use_cuda and cfg.precision in ("auto", "bf16")
+        self.cpu_bf16 = not use_cuda and cfg.precision == "bf16"
         self.mesh = build_mesh(cfg, self.device.type) if world > 1 else None
         coords = self.mesh.get_coordinate() if self.mesh is not None else [0, 0, 0]
         self.pp_rank, self.dp_rank, self.tp_rank = coords
@@ -97,8 +102,8 @@ class Rank:
             ids = list(range(s * per_stage, (s + 1) * per_stage))
             model = Transformer(spec, self.seq, ids, first=s == 0, last=s == stages - 1)
             model.init_weights(cfg.seed)
-            model.to(self.device)
-            if cfg.tp > 1:
+            model.to(self.device, dtype=torch.bfloat16 if self.cpu_bf16 else None)
+            if cfg.tp > 1 and self.mesh is not None:
                 apply_tp(model, self.mesh["tp"], cfg.sp)
             apply_recompute(model, cfg)
             if cfg.compile:
@@ -299,6 +304,7 @@ def train(cfg: TrainConfig, out: Path) -> int:
             )
             started = True
         state = Rank(cfg, rank, world, local_rank)
+        state.fault = _injected_fault(rank)
         result.update(train_loop(state))
         result["status"] = "ok"
         code = EXIT_OK
@@ -336,6 +342,8 @@ def train_loop(state: Rank) -> dict:
         if state.world > 1:
             dist.barrier()
         begin = time.perf_counter()
+        if state.fault and step == 1:
+            raise state.fault
         if step == 0:
             with state.counter.hooks():
                 loss = state.step(step)
@@ -347,11 +355,64 @@ def train_loop(state: Rank) -> dict:
         times.append(time.perf_counter() - begin)
         losses.append(state.global_loss(loss))
     saved, per_layer = probe.figures()
+    extra = {"slice_layer": slice_layer(state, per_layer)} if cfg.slice else {}
     return {
+        **extra,
         "step_times_s": times,
         "losses": losses,
         "memory": state.memory(saved, per_layer).model_dump(),
     }
+
+
+def _injected_fault(rank: int) -> Exception | None:
+    """AUTOCONFIG_TRAINER_FAULT=oom@1 (or crash@1) makes rank 1 fail at its second step: how
+    the tests exercise the oom and crash paths without a GPU."""
+    spec = os.environ.get("AUTOCONFIG_TRAINER_FAULT", "")
+    kind, _, where = spec.partition("@")
+    if not spec or int(where or 0) != rank:
+        return None
+    if kind == "oom":
+        return torch.OutOfMemoryError("CUDA out of memory (injected by AUTOCONFIG_TRAINER_FAULT)")
+    return RuntimeError("crash injected by AUTOCONFIG_TRAINER_FAULT")
+
+
+def slice_layer(state: Rank, saved_per_layer: float, repeats: int = 5) -> dict:
+    """Slice mode: one layer's forward and backward time (median of `repeats`) and the
+    activation memory it allocates, with the per-rank shapes of the full model."""
+    cfg, spec = state.cfg, state.spec
+    inner = getattr(state.chunks[0], "module", state.chunks[0])
+    block = next(iter(inner.layers.values()))
+    cuda = state.device.type == "cuda"
+    rope = (inner.rope_cos, inner.rope_sin) if inner.rope_cos is not None else None
+    fwd, bwd, allocated = [], [], None
+    for _ in range(repeats):
+        x = torch.randn(cfg.mbs, state.seq, spec.hidden, device=state.device, requires_grad=True)
+        with torch.autocast("cuda", torch.bfloat16, enabled=state.bf16):
+            sync(cuda)
+            before = torch.cuda.memory_allocated() if cuda else 0
+            t0 = time.perf_counter()
+            y = block(x, rope)
+            sync(cuda)
+            t1 = time.perf_counter()
+            if cuda:
+                allocated = torch.cuda.memory_allocated() - before - y.numel() * y.element_size()
+        y.backward(torch.ones_like(y))
+        sync(cuda)
+        fwd.append(t1 - t0)
+        bwd.append(time.perf_counter() - t1)
+        block.zero_grad(set_to_none=True)
+    return {
+        "forward_ms": statistics.median(fwd) * 1e3,
+        "backward_ms": statistics.median(bwd) * 1e3,
+        "saved_bytes_per_layer": saved_per_layer,
+        "allocated_bytes_per_layer": allocated,
+        "tp_of_shapes": cfg.tp,
+    }
+
+
+def sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
 
 
 def environment(world: int) -> Environment:

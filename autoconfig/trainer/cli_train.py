@@ -1,0 +1,85 @@
+"""`autoconfig train`: check the layout, launch the ranks, print what was measured."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from autoconfig import catalog
+from autoconfig.errors import UserError
+from autoconfig.trainer.config import load_config, make_config
+from autoconfig.trainer.launch import launch_local
+from autoconfig.trainer.metrics import RunMetrics
+
+
+def run(config: Path | None, fields: dict, nproc: int | None, out: Path | None) -> int:
+    if config is not None:
+        cfg = load_config(config)
+    else:
+        if not fields.get("model"):
+            raise UserError("model: required (a catalog name or a config.json path)")
+        catalog.get_model(fields["model"])  # unknown names: closest names, before anything
+        given = {k: v for k, v in fields.items() if v is not None}
+        if nproc is not None:
+            if nproc < 1:
+                raise UserError(f"nproc: must be a positive integer (got {nproc})")
+            given["world_size"] = nproc
+        cfg = make_config(**given)
+    if cfg.gpu:
+        catalog.get_gpu(cfg.gpu)
+    out = out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    console = Console(stderr=True)
+    console.print(f"[dim]training on {cfg.world} rank(s), results in {out}[/dim]")
+    code, metrics = launch_local(cfg, out)
+    show(metrics, out)
+    return code
+
+
+def show(m: RunMetrics, out: Path) -> None:
+    console = Console()
+    if m.status != "ok":
+        console.print(f"[red]{m.status}[/red]: {escape(m.message)}")
+        console.print(f"metrics: {out / 'metrics.json'}")
+        return
+    table = Table(title=f"measured ({m.status})", show_header=True)
+    table.add_column("figure")
+    table.add_column("measured", justify="right")
+    table.add_column("predicted", justify="right")
+    pred = m.predicted or {}
+    peak = max((r.peak_allocated_gb or 0.0) for r in m.memory) if m.memory else 0.0
+    rows = [
+        ("median step time (s)", m.median_step_time_s, pred.get("pred_step_time_s")),
+        ("tokens/s/GPU", m.tokens_per_s_per_gpu, pred.get("pred_tokens_per_s_per_gpu")),
+        ("model TFLOP/s/GPU", m.model_tflops_per_gpu, pred.get("pred_model_tflops_per_gpu")),
+        ("MFU", m.mfu, pred.get("pred_mfu")),
+        ("peak allocated GB (max rank)", peak or None, pred.get("pred_peak_mem_gb")),
+        (
+            "saved activations / layer (MB)",
+            max(r.saved_activation_bytes_per_layer for r in m.memory) / 1e6 if m.memory else None,
+            (pred.get("act_bytes_per_layer") or 0) / 1e6 or None,
+        ),
+    ]
+    on_gpu = m.gpu_profile is not None
+    for name, measured, predicted in rows:
+        shown = predicted if on_gpu or "activations" in name else None
+        table.add_row(name, _fmt(measured), _fmt(shown))
+    console.print(table)
+    if m.slice_layer:
+        s = m.slice_layer
+        console.print(
+            f"one layer with tp={s['tp_of_shapes']} shapes: forward {s['forward_ms']:.2f} ms, "
+            f"backward {s['backward_ms']:.2f} ms"
+        )
+    if m.losses:
+        console.print(f"loss {m.losses[0]:.4f} -> {m.losses[-1]:.4f} over {len(m.losses)} steps")
+    console.print(f"metrics: {out / 'metrics.json'}")
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}"
