@@ -63,6 +63,7 @@ def estimate(
     precision: str = "bf16",
     flash_attention: bool = True,
     gpus_per_node: int | None = None,
+    sp_saves_gathered: bool = False,
 ) -> pd.DataFrame:
     """One configuration's predictions and breakdown as a one-row DataFrame.
 
@@ -103,6 +104,7 @@ def estimate(
         "sp": yes_no(cfg.sp),
         "flash_attention": yes_no(cfg.flash_attention),
         "overlap_grad_reduce": yes_no(cfg.overlap_grad_reduce),
+        "sp_saves_gathered": yes_no(sp_saves_gathered),
     }
     out, resolved = _estimate(pd.DataFrame([row]))
     if out.at[0, "error"]:

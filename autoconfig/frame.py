@@ -194,6 +194,8 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
     err.add(bad, "flash_attention: must be y or n")
     overlap, bad = _flag(df, "overlap_grad_reduce", True)
     err.add(bad, "overlap_grad_reduce: must be y or n")
+    gathered, bad = _flag(df, "sp_saves_gathered", False)
+    err.add(bad, "sp_saves_gathered: must be y or n")
 
     tp, pp, cp = num["tp"], num["pp"], num["cp"].fillna(1)
     vp, ep, mbs = num["vp"].fillna(1), num["ep"].fillna(1), num["mbs"].fillna(1)
@@ -323,6 +325,7 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
             "fp8": col(precision == "fp8", 0),
             "flash": col(flash, 1),
             "overlap_grad_reduce": col(overlap, 1),
+            "sp_saves_gathered": col(gathered, 0),
         }
     )
     resolved = pd.DataFrame(

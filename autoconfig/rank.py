@@ -59,6 +59,7 @@ def cost_inputs(
             "fp8": float(precision == "fp8"),
             "flash": float(flash),
             "overlap_grad_reduce": 1.0,
+            "sp_saves_gathered": 0.0,
         }
     )
     return CostInputs.from_columns(cols)

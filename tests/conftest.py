@@ -26,6 +26,7 @@ DEFAULT_LAYOUT = {
     "fp8": 0,
     "flash": 1,
     "overlap_grad_reduce": 1,
+    "sp_saves_gathered": 0,
 }
 
 

@@ -81,6 +81,9 @@ class CostInputs:
     fp8: Col
     flash: Col
     overlap_grad_reduce: Col
+    # 1 where SP's all-gathered block inputs are saved for backward (torch DTensor, the
+    # bundled trainer); 0 where only the shard is and backward re-gathers (Megatron-LM).
+    sp_saves_gathered: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @property

@@ -55,6 +55,8 @@ def layer_ops(x: CostInputs) -> list[Op]:
     """The operations of one transformer layer for every candidate in `x`."""
     t, sp = x.tp, _sp_div(x)
     h, f = x.hidden, x.ffn
+    # What the column-parallel GEMMs after a norm keep: the shard, or the gathered input.
+    gathered_in = np.where(x.sp_saves_gathered > 0, 1.0, sp)
     q_width = x.heads * x.head_dim
     kv_width = x.kv_heads * x.head_dim
     gemm_in = _act_bytes(x)
@@ -81,7 +83,7 @@ def layer_ops(x: CostInputs) -> list[Op]:
             "qkv_proj",
             "gemm",
             flops=2.0 * h * (q_width + 2 * kv_width) / t,
-            saved=gemm_in * h / sp,
+            saved=gemm_in * h / gathered_in,
             gemm_k=h,
             gemm_n=(q_width + 2 * kv_width) / t,
             weight_bytes=2.0 * h * (q_width + 2 * kv_width) / t,
@@ -96,10 +98,12 @@ def layer_ops(x: CostInputs) -> list[Op]:
             "attention",
             "attention",
             flops=4.0 * s * q_width / t,
-            saved=(2.0 * q_width + 4.0 * kv_width) / t + lse,
+            saved=(2.0 * q_width + 4.0 * kv_width) / t,
             kernels=1.0 + 3.0 * unfused,
             bwd_factor=2.5,
         ),
+        # Flash attention's softmax statistics: recomputed with the core under selective.
+        Op("attention_lse", "memory", saved=lse, kernels=0.0, dropped_by_selective=True),
         Op(
             "attention_scores",
             "memory",
@@ -131,7 +135,7 @@ def layer_ops(x: CostInputs) -> list[Op]:
             "mlp_up",
             "gemm",
             flops=2.0 * h * up_width / t,
-            saved=gemm_in * h / sp,
+            saved=gemm_in * h / gathered_in,
             gemm_k=h,
             gemm_n=up_width / t,
             weight_bytes=2.0 * h * np.where(gated, 2.0, 1.0) * mlp_weights / t,

@@ -64,6 +64,7 @@ def predicted(cfg: TrainConfig, profile: str | None) -> dict | None:
             recompute=cfg.recompute,
             recompute_layers=cfg.recompute_layers,
             zero=cfg.zero,
+            sp_saves_gathered=True,  # DTensor SP keeps the all-gathered inputs
         ).iloc[0]
     except Exception as exc:  # a prediction must never cost the measurement
         return {"error": str(exc)}

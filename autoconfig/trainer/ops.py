@@ -106,7 +106,7 @@ class SavedBytes:
         self.transient_params: set[int] = set()  # the running layer's gathered weights
 
     def ignore_parameters(self, module: nn.Module) -> None:
-        for p in module.parameters():
+        for p in [*module.parameters(), *module.buffers()]:  # buffers: rope tables
             self._params.update(ptr for ptr, _ in _storages(p.data))
 
     def add(self, t: object) -> None:
