@@ -51,6 +51,9 @@ class TrainConfig(BaseModel):
     warmup: int = Field(default=2, ge=0, description="steps left out of the median time")
     seed: int = 1234
     lr: float = Field(default=3e-4, gt=0)
+    optimizer: Literal["adamw", "sgd"] = Field(
+        default="adamw", description="sgd: plain SGD, whose update shows any gradient error"
+    )
     compile: bool = False
     slice: bool = Field(default=False, description="one device, per-rank shapes of tp")
     gpu: str | None = Field(default=None, description="GPU profile for MFU (default: detect)")

@@ -17,7 +17,6 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from autoconfig.specs import ModelSpec
@@ -62,7 +61,9 @@ class Attention(nn.Module):
             enable_gqa=q.shape[1] != k.shape[1],
         )
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
         b, s, _ = x.shape
         # -1: the local head count, heads/tp under tensor parallelism.
         q = self.wq(x).view(b, s, -1, self.head_dim)
@@ -71,10 +72,7 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if self.selective:
-            out = ops.checkpointed(self.core, q, k, v)
-        else:
-            out = self.core(q, k, v)
+        out = ops.checkpointed(self.core, q, k, v) if self.selective else self.core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -156,8 +154,14 @@ class Transformer(nn.Module):
     """A stage-able decoder: `first`/`last` say whether this copy holds the embedding and the
     head, and `layer_ids` which global layers it keeps (pipeline stages drop the others)."""
 
-    def __init__(self, spec: ModelSpec, seq_len: int, layer_ids: list[int] | None = None,
-                 first: bool = True, last: bool = True) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        seq_len: int,
+        layer_ids: list[int] | None = None,
+        first: bool = True,
+        last: bool = True,
+    ) -> None:
         super().__init__()
         self.spec, self.first, self.last = spec, first, last
         ids = list(range(spec.layers)) if layer_ids is None else layer_ids
@@ -167,7 +171,9 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in ids})
         self.norm = ops.Norm(spec.hidden, spec.norm) if last else None
         tie_here = spec.tied_embeddings and first and last
-        self.output = None if tie_here or not last else nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.output = (
+            None if tie_here or not last else nn.Linear(spec.hidden, spec.vocab, bias=False)
+        )
         cos, sin = rope_tables(seq_len, spec.dhead) if not learned else (None, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -29,7 +29,13 @@ from autoconfig.trainer.metrics import (
     write_json_atomic,
 )
 from autoconfig.trainer.model import Transformer
-from autoconfig.trainer.parallel import apply_dp, apply_recompute, apply_tp, build_mesh, make_optimizer
+from autoconfig.trainer.parallel import (
+    apply_dp,
+    apply_recompute,
+    apply_tp,
+    build_mesh,
+    make_optimizer,
+)
 
 
 def rank_env() -> tuple[int, int, int]:
@@ -417,9 +423,11 @@ def sync(cuda: bool) -> None:
 
 def environment(world: int) -> Environment:
     cuda = torch.cuda.is_available()
-    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [
-        platform.processor() or platform.machine()
-    ]
+    names = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda
+        else [platform.processor() or platform.machine()]
+    )
     return Environment(
         torch=torch.__version__,
         python=sys.version.split()[0],

@@ -1,0 +1,231 @@
+"""The bundled trainer on CPU with gloo (at most 4 ranks): every layout trains like one process,
+what it measures matches the cost model, failures end runs with a status, bad layouts never
+start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autoconfig import search
+from autoconfig.cost.memory import stage_params
+from autoconfig.trainer.config import config_from_search_row, make_config
+from autoconfig.trainer.launch import launch_local
+from autoconfig.trainer.metrics import EXIT_OOM, RunMetrics, read_metrics
+from tests.conftest import make_inputs
+
+STEPS = 3
+BASE = {"steps": STEPS, "warmup": 1, "device": "cpu", "precision": "fp32", "gbs": 4}
+# Plain SGD: unlike Adam (which normalises updates) its update shows any error in a gradient.
+TRAIN = {"optimizer": "sgd", "lr": 0.01}
+
+# Every parallel run sums and shards in another order than one process, so fp32 losses differ
+# by rounding only: measured about 1e-7 relative after 3 steps. A wrong gradient shows more:
+# dropping the sequence-parallel sum of one norm's weight gradient moves the losses by 1.6e-5
+# and 4.3e-5 relative at this learning rate. 5e-6 sits between the two.
+RTOL = 5e-6
+
+LAYOUTS = {
+    "tp2": {"tp": 2},
+    "tp2+sp": {"tp": 2, "sp": True},
+    "pp2 1F1B": {"pp": 2},
+    "pp2 interleaved vp2": {"pp": 2, "vp": 2},
+    "dp2 DDP": {"dp": 2},
+    "dp2 ZeRO-1": {"dp": 2, "zero": 1},
+    "dp2 ZeRO-2 (FSDP)": {"dp": 2, "zero": 2},
+    "dp2 FSDP": {"dp": 2, "zero": 3},
+    "tp2 x dp2": {"tp": 2, "dp": 2},
+    "tp2+sp x dp2 FSDP": {"tp": 2, "sp": True, "dp": 2, "zero": 3},
+    "tp2 x pp2": {"tp": 2, "pp": 2},
+    "recompute full": {"recompute": "full"},
+    "recompute full on 3 layers": {"recompute": "full", "recompute_layers": 3},
+    "recompute selective": {"recompute": "selective"},
+}
+GPT_LAYOUTS = {  # tied embeddings, learned positions, LayerNorm, GELU
+    "gpt tp2+sp": {"tp": 2, "sp": True},
+    "gpt pp2 (tied across stages)": {"pp": 2},
+}
+
+
+def _run(tmp: Path, model: str, **layout) -> tuple[int, RunMetrics]:
+    cfg = make_config(model=model, **{**BASE, **TRAIN, **layout})
+    return launch_local(cfg, tmp)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> dict[str, list[float]]:
+    out = {}
+    for model in ("tiny-llama", "tiny-gpt"):
+        code, metrics = _run(tmp_path_factory.mktemp(model), model)
+        assert code == 0, metrics.message
+        out[model] = metrics.losses
+    return out
+
+
+def test_the_reference_run_really_trains(single, tmp_path) -> None:
+    """The equivalence below compares trained models: with a negligible learning rate the
+    losses after the first step are far outside the tolerance."""
+    cfg = make_config(model="tiny-llama", **{**BASE, **TRAIN, "lr": 1e-9})
+    code, frozen = launch_local(cfg, tmp_path)
+    assert code == 0, frozen.message
+    assert frozen.losses[0] == pytest.approx(single["tiny-llama"][0], rel=1e-12)
+    for got, trained in zip(frozen.losses[1:], single["tiny-llama"][1:], strict=True):
+        assert abs(got - trained) > 100 * RTOL * trained
+
+
+@pytest.mark.parametrize(
+    ("model", "layout"),
+    [("tiny-llama", v) for v in LAYOUTS.values()] + [("tiny-gpt", v) for v in GPT_LAYOUTS.values()],
+    ids=[*LAYOUTS, *GPT_LAYOUTS],
+)
+def test_layout_trains_like_one_process(single, tmp_path, model, layout) -> None:
+    code, metrics = _run(tmp_path, model, **layout)
+    assert code == 0, metrics.message
+    assert metrics.losses == pytest.approx(single[model], rel=RTOL)
+
+
+ACTIVATION_LAYOUTS = [
+    {"tp": tp, "sp": sp, "recompute": r}
+    for tp in (1, 2, 4)
+    for sp in (False, True)
+    for r in ("none", "selective", "full")
+    if not (sp and tp == 1)
+] + [{"tp": 1, "recompute": "full", "recompute_layers": 2}]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ACTIVATION_LAYOUTS,
+    ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()),
+)
+def test_saved_activations_match_the_cost_model(tmp_path, layout) -> None:
+    """Bytes saved for backward per layer (saved_tensors_hooks, bf16 on CPU) against the cost
+    model's per-layer activation memory for the same layout."""
+    cfg = make_config(
+        model="tiny-llama",
+        **{**BASE, "steps": 1, "warmup": 0, "precision": "bf16", "gbs": 1, "mbs": 1, **layout},
+    )
+    code, metrics = launch_local(cfg, tmp_path)
+    assert code == 0, metrics.message
+    measured = metrics.memory[0].saved_activation_bytes_per_layer
+    predicted = metrics.predicted["act_bytes_per_layer"]
+    assert predicted == pytest.approx(measured, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{"tp": 2}, {"dp": 2, "zero": 3}, {"tp": 2, "dp": 2, "zero": 3}, {"pp": 2}],
+    ids=["tp2", "fsdp2", "tp2-fsdp2", "pp2"],
+)
+def test_parameter_gradient_optimizer_bytes_are_exact(tmp_path, layout) -> None:
+    code, metrics = _run(tmp_path, "tiny-llama", **layout)
+    assert code == 0, metrics.message
+    x = make_inputs("tiny-llama", **{"seq": 128, "gbs": 4, **layout})
+    params = stage_params(x)
+    for rank in metrics.memory:
+        stage = params.dense_first if rank.pp_rank == 0 else params.dense_last
+        shard = layout.get("dp", 1) if layout.get("zero", 0) == 3 else 1
+        assert rank.parameters == round(float(stage)) // shard
+        assert rank.parameter_bytes == 4 * rank.parameters  # fp32 weights
+        assert rank.gradient_bytes == 4 * rank.parameters
+        assert rank.optimizer_bytes == 8 * rank.parameters  # AdamW m and v
+
+
+def test_metrics_json_has_every_field(tmp_path) -> None:
+    code = subprocess.run(
+        [
+            sys.executable, "-m", "autoconfig.cli", "train", "--model", "tiny-llama",
+            "--tp", "2", "--pp", "2", "--nproc", "4", "--steps", "3", "--device", "cpu",
+            "--out", str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert code.returncode == 0, code.stderr[-2000:]
+    raw = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = RunMetrics.model_validate(raw)
+    assert metrics.status == "ok"
+    assert len(metrics.step_times_s) == len(metrics.losses) == 3
+    assert metrics.median_step_time_s > 0 and metrics.tokens_per_s_per_gpu > 0
+    assert metrics.model_tflops_per_gpu > 0
+    assert metrics.environment.world_size == 4 and metrics.environment.torch
+    assert sorted(r.rank for r in metrics.memory) == [0, 1, 2, 3]
+    assert {r.pp_rank for r in metrics.memory} == {0, 1}
+    assert all(r.saved_activation_bytes > 0 for r in metrics.memory)
+    assert metrics.config["tp"] == 2 and metrics.config["pp"] == 2
+    assert "measured" in code.stdout
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "exit_code"), [("oom@1", "oom", EXIT_OOM), ("crash@0", "error", 1)]
+)
+def test_a_failing_rank_ends_the_run_with_a_status(
+    tmp_path, monkeypatch, fault, status, exit_code
+) -> None:
+    monkeypatch.setenv("AUTOCONFIG_TRAINER_FAULT", fault)
+    begin = time.monotonic()
+    code, metrics = _run(tmp_path, "tiny-llama", dp=2)
+    assert time.monotonic() - begin < 120  # the surviving rank does not hang
+    assert (code, metrics.status) == (exit_code, status)
+    assert "injected" in metrics.message
+    assert read_metrics(tmp_path / "metrics.json").status == status
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--tp", "2", "--nproc", "3"], "world size"),
+        (["--tp", "3", "--nproc", "3"], "tp"),
+        (["--pp", "16", "--nproc", "16"], "pp"),
+        (["--cp", "2", "--nproc", "2"], "cp"),
+        (["--model", "tiny-lama"], "model"),
+        (["--sp"], "sp"),
+    ],
+)
+def test_impossible_layouts_are_refused_before_starting(tmp_path, args, field) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "autoconfig.cli",
+        "train",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+    ]
+    if "--model" not in args:
+        cmd += ["--model", "tiny-llama"]
+    done = subprocess.run(cmd + args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), done.stderr
+    assert not (tmp_path / "rank0.json").exists()
+
+
+def test_slice_mode_builds_the_per_rank_shapes(tmp_path) -> None:
+    cfg = make_config(model="tiny-llama", slice=True, tp=4, layers=2, **{**BASE, "gbs": 1})
+    code, metrics = launch_local(cfg, tmp_path)
+    assert code == 0, metrics.message
+    x = make_inputs("tiny-llama", tp=4, layers=2, seq=128)
+    # One device holds exactly what one TP rank of the full model holds.
+    assert metrics.memory[0].parameters == round(float(stage_params(x).dense_first))
+    layer = metrics.slice_layer
+    assert layer["tp_of_shapes"] == 4 and layer["forward_ms"] > 0 and layer["backward_ms"] > 0
+
+
+def test_a_search_result_becomes_a_trainer_configuration(tmp_path) -> None:
+    ranked = search("tiny-llama", 4, "h100-sxm-80gb", seq_len=128, gbs=8)
+    feasible = ranked[(ranked["pruned"] == "") & (ranked["cp"] == 1) & (ranked["zero"] != 1)]
+    row = feasible.iloc[0]
+    cfg = config_from_search_row(row, "tiny-llama", seq_len=128, gbs=8, steps=2, warmup=1,
+                                 device="cpu", precision="fp32")  # fmt: skip
+    assert (cfg.tp, cfg.pp, cfg.resolved_dp, cfg.mbs) == (row.tp, row.pp, row.dp, row.mbs)
+    assert cfg.world == 4
+    code, metrics = launch_local(cfg, tmp_path)
+    assert code == 0, metrics.message
