@@ -190,12 +190,6 @@ def gpus() -> None:
     terminal.print_view(terminal.gpus_table(list(catalog.gpus().values())))
 
 
-class TrainRecomputeOpt(str, Enum):
-    none = "none"
-    selective = "selective"
-    full = "full"
-
-
 class DeviceOpt(str, Enum):
     auto = "auto"
     cpu = "cpu"
@@ -217,7 +211,7 @@ def train(
     sp: bool = typer.Option(False, help="sequence parallelism (with tp > 1)"),
     mbs: int = typer.Option(1, help="micro-batch size"),
     gbs: int = typer.Option(None, help="global batch (default dp*mbs, x pp with pipelining)"),
-    recompute: TrainRecomputeOpt = typer.Option(TrainRecomputeOpt.none),
+    recompute: RecomputeOpt = typer.Option(RecomputeOpt.none),
     recompute_layers: int = typer.Option(None, help="with full: layers per stage recomputed"),
     zero: int = typer.Option(0, help="0 DDP, 1 +sharded optimizer, 2/3 FSDP2"),
     precision: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp32"),

@@ -89,6 +89,20 @@ def test_layout_trains_like_one_process(single, tmp_path, model, layout) -> None
     assert metrics.losses == pytest.approx(single[model], rel=RTOL)
 
 
+def test_untied_head_with_learned_positions_across_stages(tmp_path) -> None:
+    """The last stage's own head starts from the same weights as in one process (its init
+    does not depend on which embeddings the stage holds)."""
+    from autoconfig import catalog
+
+    spec = catalog.get_model("tiny-gpt").model_copy(update={"tied_embeddings": False})
+    runs = [
+        launch_local(make_config(model=spec, **{**BASE, **TRAIN, **layout}), tmp_path / str(i))
+        for i, layout in enumerate(({}, {"pp": 2}))
+    ]
+    assert [code for code, _ in runs] == [0, 0], [m.message for _, m in runs]
+    assert runs[1][1].losses == pytest.approx(runs[0][1].losses, rel=RTOL)
+
+
 ACTIVATION_LAYOUTS = [
     {"tp": tp, "sp": sp, "recompute": r}
     for tp in (1, 2, 4)

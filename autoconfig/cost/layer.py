@@ -51,6 +51,13 @@ def _act_bytes(x: CostInputs) -> Col:
     return np.where(x.fp8 > 0, 1.0, 2.0)
 
 
+def _mlp_widths(x: CostInputs) -> tuple[Col, Col]:
+    """(MLP width a token passes through, width of the up projection): a dense layer, or
+    top-k routed plus shared experts; gated MLPs project up twice (gate and up)."""
+    width = np.where(x.experts > 0, x.expert_ffn * (x.topk + x.shared_experts), x.ffn)
+    return width, np.where(x.mlp_kind == 1, 2.0, 1.0) * width
+
+
 def layer_ops(x: CostInputs) -> list[Op]:
     """The operations of one transformer layer for every candidate in `x`."""
     t, sp = x.tp, _sp_div(x)
@@ -69,10 +76,8 @@ def layer_ops(x: CostInputs) -> list[Op]:
     scores = unfused * (2.0 + 3.0 * x.dropout) * x.heads * s / t  # softmax out, mask, dropout out
     lse = x.flash * 4.0 * x.heads / t  # flash keeps fp32 log-sum-exp per head
 
-    # MLP widths: a dense layer, or top-k routed experts plus shared experts.
-    mlp_width = np.where(moe, x.expert_ffn * (x.topk + x.shared_experts), f)
+    mlp_width, up_width = _mlp_widths(x)
     gated = x.mlp_kind == 1
-    up_width = np.where(gated, 2.0, 1.0) * mlp_width
     act_saved = np.select([x.mlp_kind == 1, x.mlp_kind == 2], [6.0, 2.0], 2.0) * mlp_width
     act_moved = np.where(gated, 6.0, 4.0) * mlp_width  # read input(s), write output, 2 B each
     mlp_weights = np.where(moe, x.expert_ffn * (x.experts + x.shared_experts), f)
@@ -161,9 +166,7 @@ def op_level_sac_bytes(x: CostInputs) -> Col:
     "op"`, which saves mm outputs alternately and the SDPA output)."""
     t, sp = x.tp, _sp_div(x)
     q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
-    moe = x.experts > 0
-    mlp_width = np.where(moe, x.expert_ffn * (x.topk + x.shared_experts), x.ffn)
-    up_width = np.where(x.mlp_kind == 1, 2.0, 1.0) * mlp_width
+    _, up_width = _mlp_widths(x)
     matmul_outputs = 2.0 * (
         (q_width + 2 * kv_width) / t + x.hidden / sp + up_width / t + x.hidden / sp
     )

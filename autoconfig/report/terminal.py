@@ -93,6 +93,11 @@ def estimate_view(row: pd.Series, resolved: pd.Series) -> Group:
     return Group(head, "", mem, "", tim, "", perf)
 
 
+def _count(n: int) -> str:
+    """Parameter counts in billions, or millions for the small test models."""
+    return f"{n / 1e9:,.2f}B" if n >= 1e9 else f"{n / 1e6:,.2f}M"
+
+
 def models_table(models: list[ModelSpec]) -> Table:
     table = Table(title="Models")
     for col in (
@@ -113,8 +118,8 @@ def models_table(models: list[ModelSpec]) -> Table:
         active = m.param_count(active_only=True)
         table.add_row(
             m.name,
-            f"{m.param_count() / 1e9:,.2f}B",
-            f"{active / 1e9:,.2f}B" if m.is_moe else "",
+            _count(m.param_count()),
+            _count(active) if m.is_moe else "",
             str(m.layers),
             str(m.hidden),
             f"{m.heads}/{m.kv}",

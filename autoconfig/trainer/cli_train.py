@@ -50,23 +50,23 @@ def show(m: RunMetrics, out: Path) -> None:
     table.add_column("measured", justify="right")
     table.add_column("predicted", justify="right")
     pred = m.predicted or {}
+    # Time and capacity predictions need the GPU's profile; activation bytes do not.
+    on_gpu = pred if m.gpu_profile is not None else {}
     peak = max((r.peak_allocated_gb or 0.0) for r in m.memory) if m.memory else 0.0
     rows = [
-        ("median step time (s)", m.median_step_time_s, pred.get("pred_step_time_s")),
-        ("tokens/s/GPU", m.tokens_per_s_per_gpu, pred.get("pred_tokens_per_s_per_gpu")),
-        ("model TFLOP/s/GPU", m.model_tflops_per_gpu, pred.get("pred_model_tflops_per_gpu")),
-        ("MFU", m.mfu, pred.get("pred_mfu")),
-        ("peak allocated GB (max rank)", peak or None, pred.get("pred_peak_mem_gb")),
+        ("median step time (s)", m.median_step_time_s, on_gpu.get("pred_step_time_s")),
+        ("tokens/s/GPU", m.tokens_per_s_per_gpu, on_gpu.get("pred_tokens_per_s_per_gpu")),
+        ("model TFLOP/s/GPU", m.model_tflops_per_gpu, on_gpu.get("pred_model_tflops_per_gpu")),
+        ("MFU", m.mfu, on_gpu.get("pred_mfu")),
+        ("peak allocated GB (max rank)", peak or None, on_gpu.get("pred_peak_mem_gb")),
         (
             "saved activations / layer (MB)",
             max(r.saved_activation_bytes_per_layer for r in m.memory) / 1e6 if m.memory else None,
             (pred.get("act_bytes_per_layer") or 0) / 1e6 or None,
         ),
     ]
-    on_gpu = m.gpu_profile is not None
     for name, measured, predicted in rows:
-        shown = predicted if on_gpu or "activations" in name else None
-        table.add_row(name, _fmt(measured), _fmt(shown))
+        table.add_row(name, _fmt(measured), _fmt(predicted))
     console.print(table)
     if m.slice_layer:
         s = m.slice_layer

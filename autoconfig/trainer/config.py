@@ -71,6 +71,25 @@ class TrainConfig(BaseModel):
             update["max_seq_len"] = max(base.max_seq_len, self.seq_len)
         return base.model_copy(update=update)
 
+    def trained_spec(self) -> ModelSpec:
+        """What one process builds: the model, or in slice mode one TP rank's shapes
+        (heads, kv_heads, ffn and vocab divided by tp) as a one-device model."""
+        spec = self.spec()
+        if not self.slice:
+            return spec
+        tp = self.tp
+        return spec.model_copy(
+            update={
+                "name": f"{spec.name}-slice-tp{tp}",
+                "heads": spec.heads // tp,
+                "head_dim": spec.dhead,
+                "kv_heads": max(spec.kv // tp, 1),
+                "ffn_hidden": spec.ffn // tp,
+                "moe_ffn_hidden": (spec.moe_ffn_hidden // tp) if spec.moe_ffn_hidden else None,
+                "vocab": spec.vocab // tp,
+            }
+        )
+
     @property
     def resolved_dp(self) -> int:
         if self.dp is not None:

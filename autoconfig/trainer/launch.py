@@ -45,9 +45,7 @@ def predicted(cfg: TrainConfig, profile: str | None) -> dict | None:
     """The cost model's figures for this run (on CPU only the memory parts mean anything)."""
     from autoconfig import api
 
-    spec = cfg.spec()
-    if cfg.slice:
-        spec = slice_spec(spec, cfg.tp)
+    spec = cfg.trained_spec()
     try:
         row = api.estimate(
             spec,
@@ -74,21 +72,6 @@ def predicted(cfg: TrainConfig, profile: str | None) -> dict | None:
     return out
 
 
-def slice_spec(spec, tp: int):
-    """The per-rank shapes of TP degree `tp` as a one-device model."""
-    return spec.model_copy(
-        update={
-            "name": f"{spec.name}-slice-tp{tp}",
-            "heads": spec.heads // tp,
-            "head_dim": spec.dhead,
-            "kv_heads": max(spec.kv // tp, 1),
-            "ffn_hidden": spec.ffn // tp,
-            "moe_ffn_hidden": (spec.moe_ffn_hidden // tp) if spec.moe_ffn_hidden else None,
-            "vocab": spec.vocab // tp,
-        }
-    )
-
-
 def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunMetrics:
     """metrics.json from the ranks' rank{r}.json files (missing ranks count as crashed)."""
     from autoconfig.trainer.run import median_after_warmup
@@ -104,11 +87,12 @@ def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunM
         status = "ok"
     else:
         status = "error"
-    messages = [f"rank {i}: {r['message']}" for i, r in enumerate(ranks) if r and r["message"]]
+    said = [f"rank {i}: {r['message']}" for i, r in enumerate(ranks) if r and r["message"]]
+    messages = list(said)
     missing = [str(i) for i, r in enumerate(ranks) if r is None]
     if missing:
         messages.append(f"ranks {', '.join(missing)} wrote no result (killed or crashed)")
-    if failure:
+    if failure and not said:  # the launcher's exit codes, when no rank said why
         messages.append(failure)
     first = next((r for r in ranks if r), None)
     env = first.get("environment") if first else None
@@ -179,22 +163,17 @@ def launch_local(cfg: TrainConfig, out: Path, quiet: bool = True) -> tuple[int, 
         logs_specs=DefaultLogsSpecs(log_dir=str(out / "logs")),
         start_method="spawn",
     )
-    env_threads = os.environ.setdefault("OMP_NUM_THREADS", "1")
-    del env_threads
+    # Ranks share this machine's cores: one thread each, as torchrun does by default.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = ["-m", "autoconfig.trainer", "--config", str(config_path), "--out", str(out)]
     failure = ""
     try:
         elastic_launch(launch, sys.executable)(*args)
     except ChildFailedError as exc:
         failure = _failure_line(exc)
-    metrics = assemble(cfg, out, cfg.world, failure if _no_rank_said(out, cfg.world) else "")
+    metrics = assemble(cfg, out, cfg.world, failure)
     codes = {"ok": EXIT_OK, "oom": EXIT_OOM}
     return codes.get(metrics.status, EXIT_ERROR), metrics
-
-
-def _no_rank_said(out: Path, world: int) -> bool:
-    ranks = [out / f"rank{r}.json" for r in range(world)]
-    return not any(p.exists() and json.loads(p.read_text())["status"] != "ok" for p in ranks)
 
 
 def _failure_line(exc: Exception) -> str:

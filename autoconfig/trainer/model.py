@@ -182,36 +182,35 @@ class Transformer(nn.Module):
         self.seq_shard: tuple[int, int] = (0, 1)
         self.pos_grad_group = None
 
-    def init_weights(self, seed: int, layer_ids: list[int] | None = None) -> None:
-        """Deterministic init keyed by global layer index, so every pipeline split and every
-        layout starts from the same weights (std 0.02, output projections scaled by depth)."""
+    def init_weights(self, seed: int) -> None:
+        """Deterministic init with one generator per tensor (keyed by global layer index, or
+        by embedding / positions / head), so every pipeline split and every layout starts from
+        the same weights (std 0.02, output projections scaled by depth)."""
         std = 0.02
         out_std = std / math.sqrt(2 * self.spec.layers)
+
+        def generator(key: int) -> torch.Generator:
+            return torch.Generator().manual_seed(seed * 100003 + key)
+
+        def normal(key: int, shape: torch.Size, scale: float = std) -> torch.Tensor:
+            return torch.empty(shape).normal_(0, scale, generator=generator(key))
+
+        vocab = torch.Size([self.spec.vocab, self.spec.hidden])
         with torch.no_grad():
-            gen = torch.Generator().manual_seed(seed)
-            emb = torch.empty(self.spec.vocab, self.spec.hidden).normal_(0, std, generator=gen)
-            pos = torch.empty(self.pos_len(), self.spec.hidden).normal_(0, std, generator=gen)
-            head = torch.empty(self.spec.vocab, self.spec.hidden).normal_(0, std, generator=gen)
             if self.tok_embeddings is not None:
-                self.tok_embeddings.weight.copy_(emb)
+                self.tok_embeddings.weight.copy_(normal(-1, vocab))
             if self.pos_embeddings is not None:
-                self.pos_embeddings.weight.copy_(pos[: self.pos_embeddings.weight.shape[0]])
+                self.pos_embeddings.weight.copy_(normal(-2, self.pos_embeddings.weight.shape))
             if self.output is not None:
-                self.output.weight.copy_(emb if self.spec.tied_embeddings else head)
+                self.output.weight.copy_(normal(-1 if self.spec.tied_embeddings else -3, vocab))
             for name, block in self.layers.items():
-                g = torch.Generator().manual_seed(seed * 100003 + int(name) + 1)
+                gen = generator(int(name) + 1)  # one stream per layer, drawn in name order
                 for pname, p in sorted(block.named_parameters()):
                     if p.dim() == 1:
                         p.fill_(1.0)
                     else:
                         scale = out_std if pname.endswith(("wo.weight", "w2.weight")) else std
-                        p.copy_(torch.empty(p.shape).normal_(0, scale, generator=g))
-
-    def pos_len(self) -> int:
-        return self.pos_embeddings.weight.shape[0] if self.pos_embeddings is not None else 1
-
-    def head_weight(self) -> torch.Tensor:
-        return self.output.weight if self.output is not None else self.tok_embeddings.weight
+                        p.copy_(torch.empty(p.shape).normal_(0, scale, generator=gen))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:

@@ -19,10 +19,9 @@ from torch.utils.checkpoint import checkpoint
 
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps, grad_group):  # type: ignore[override]
+    def forward(ctx, x, weight, eps):  # type: ignore[override]
         rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, rstd, weight)
-        ctx.grad_group = grad_group
         return (x.float() * rstd).to(x.dtype) * weight
 
     @staticmethod
@@ -32,10 +31,7 @@ class _RMSNormFn(torch.autograd.Function):
         g = grad.float() * weight.float()
         dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
         dw = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
-        if ctx.grad_group is not None:
-            # Sequence parallel: each TP rank saw only its sequence shard.
-            dist.all_reduce(dw, group=ctx.grad_group)
-        return dx.to(x.dtype), dw.to(weight.dtype), None, None
+        return dx.to(x.dtype), dw.to(weight.dtype), None
 
 
 class Norm(nn.Module):
@@ -51,11 +47,11 @@ class Norm(nn.Module):
         self.grad_group: dist.ProcessGroup | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "rmsnorm":
-            return _RMSNormFn.apply(x, self.weight, self.eps, self.grad_group)
         weight = self.weight
         if self.grad_group is not None:
             weight = AllReduceGrad.apply(weight, self.grad_group)
+        if self.kind == "rmsnorm":
+            return _RMSNormFn.apply(x, weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), weight, None, self.eps)
 
 
@@ -74,12 +70,12 @@ class AllReduceGrad(torch.autograd.Function):
         return grad, None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The rank-local tensor of a DTensor (what actually occupies this rank's memory)."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _storages(t: torch.Tensor) -> list[tuple[int, int]]:
+def storages(t: torch.Tensor) -> list[tuple[int, int]]:
     """(data pointer, bytes) of the real storages behind `t`, looking through tensor
     subclasses (DTensor, the async collective wrappers) to the tensors they hold."""
     if t.device.type == "meta":
@@ -88,7 +84,7 @@ def _storages(t: torch.Tensor) -> list[tuple[int, int]]:
     if flatten is not None and type(t) is not torch.nn.Parameter:
         names, _ = flatten()
         inner = [getattr(t, name) for name in names]
-        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in storages(x)]
     storage = t.untyped_storage()
     return [(storage.data_ptr(), storage.nbytes())]
 
@@ -107,12 +103,12 @@ class SavedBytes:
 
     def ignore_parameters(self, module: nn.Module) -> None:
         for p in [*module.parameters(), *module.buffers()]:  # buffers: rope tables
-            self._params.update(ptr for ptr, _ in _storages(p.data))
+            self._params.update(ptr for ptr, _ in storages(p.data))
 
     def add(self, t: object) -> None:
         if not self.stack or not isinstance(t, torch.Tensor) or isinstance(t, nn.Parameter):
             return  # parameters (also FSDP's gathered ones) are not activations
-        for ptr, nbytes in _storages(t):
+        for ptr, nbytes in storages(t):
             if ptr in self._params or ptr in self.transient_params or ptr == 0:
                 continue
             for region in self.stack:

@@ -5,7 +5,6 @@ ZeroRedundancyOptimizer, FSDP2 `fully_shard`)."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -128,8 +127,3 @@ def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig, mesh: DeviceMes
             **kwargs,
         )
     return torch.optim.AdamW(params, **kwargs)
-
-
-def group_ranks_barrier(group: dist.ProcessGroup | None = None) -> None:
-    if dist.is_initialized():
-        dist.barrier(group=group)

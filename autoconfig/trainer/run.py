@@ -70,11 +70,7 @@ class Rank:
 
     def __init__(self, cfg: TrainConfig, rank: int, world: int, local_rank: int) -> None:
         self.cfg, self.rank, self.world = cfg, rank, world
-        self.spec = cfg.spec()
-        if cfg.slice:
-            from autoconfig.trainer.launch import slice_spec
-
-            self.spec = slice_spec(self.spec, cfg.tp)
+        self.spec = cfg.trained_spec()
         self.seq = cfg.seq(self.spec)
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -176,12 +172,10 @@ class Rank:
             else:
                 model = self.chunks[0]
                 total = 0.0
-                for mi, mb in enumerate(range(0, inputs.shape[0], cfg.mbs)):
-                    out = model(inputs[mb : mb + cfg.mbs])
-                    mb_loss = loss_fn(out, targets[mb : mb + cfg.mbs])
+                for mb in range(0, inputs.shape[0], cfg.mbs):
+                    mb_loss = loss_fn(model(inputs[mb : mb + cfg.mbs]), targets[mb : mb + cfg.mbs])
                     (mb_loss / cfg.micro_batches).backward()
                     total += float(mb_loss.detach())
-                    del out, mi
                 loss = total / cfg.micro_batches
         self._sync_tied()
         self.grad_bytes = sum(
@@ -198,7 +192,7 @@ class Rank:
             inner = getattr(chunk, "module", chunk)
             for module in (inner.tok_embeddings, inner.output):
                 if module is not None and module.weight.grad is not None:
-                    dist.all_reduce(_local(module.weight.grad), group=self.tied_group)
+                    dist.all_reduce(ops.local_tensor(module.weight.grad), group=self.tied_group)
 
     def global_loss(self, loss: float | None) -> float:
         """The mean loss over the whole global batch, on every rank."""
@@ -229,18 +223,14 @@ class Rank:
             parameter_bytes=sum(_local_bytes(p) for p in params),
             gradient_bytes=getattr(self, "grad_bytes", 0),
             optimizer_bytes=optim_bytes,
-            parameters=sum(_local(p).numel() for p in params),
+            parameters=sum(ops.local_tensor(p).numel() for p in params),
             saved_activation_bytes=saved,
             saved_activation_bytes_per_layer=per_layer,
         )
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _local_bytes(t: torch.Tensor) -> int:
-    local = _local(t)
+    local = ops.local_tensor(t)
     return local.numel() * local.element_size()
 
 
@@ -271,7 +261,7 @@ class LayerProbe:
         def hook(*_):
             # FSDP has gathered the layer's weights by now: those are not activations.
             self.counter.transient_params = {
-                ptr for p in block.parameters() for ptr, _ in ops._storages(p.data)
+                ptr for p in block.parameters() for ptr, _ in ops.storages(p.data)
             }
             if self.counter.stack:
                 self.counter.stack.append(name)
