@@ -58,8 +58,6 @@ def cost_inputs(
             "zero": layouts["zero"].to_numpy(float),
             "fp8": float(precision == "fp8"),
             "flash": float(flash),
-            "overlap_grad_reduce": 1.0,
-            "sp_saves_gathered": 0.0,
         }
     )
     return CostInputs.from_columns(cols)

@@ -41,7 +41,6 @@ def layouts(n: int, seed: int = 0) -> dict[str, np.ndarray]:
         "zero": pick([0, 1, 2, 3]),
         "fp8": np.zeros(n),
         "flash": np.ones(n),
-        "overlap_grad_reduce": np.ones(n),
     }
 
 

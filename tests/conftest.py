@@ -25,8 +25,6 @@ DEFAULT_LAYOUT = {
     "zero": 0,
     "fp8": 0,
     "flash": 1,
-    "overlap_grad_reduce": 1,
-    "sp_saves_gathered": 0,
 }
 
 

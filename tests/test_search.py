@@ -207,3 +207,16 @@ def test_explanation_names_the_part_that_differs() -> None:
     assert "20.0%" in text and "exposed DP communication" in text and "near-tie" not in text
     tie = explain_winner(pd.DataFrame([a | {"pred_peak_mem_gb": 8.0}, a]))
     assert "equally fast" in tie and "8.0 vs 10.0" in tie
+
+
+def test_the_estimate_benchmark_runs(tmp_path) -> None:
+    """The benchmark builds cost-model columns itself: it must keep up with the inputs."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench_estimate.py"), "--n", "2000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2,000 configurations" in done.stdout

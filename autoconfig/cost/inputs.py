@@ -93,13 +93,21 @@ class CostInputs:
 
     @classmethod
     def from_columns(cls, cols: Mapping[str, object]) -> CostInputs:
-        """Builds from a mapping of column name -> scalar or array (missing names raise)."""
+        """Builds from a mapping of column name -> scalar or array. Missing names raise,
+        except the framework-behaviour flags, which default to Megatron-LM's
+        (OPTIONAL_COLUMNS)."""
+        cols = {**OPTIONAL_COLUMNS, **cols}
         values = {}
         for f in fields(cls):
             if f.name not in cols:
                 raise KeyError(f"cost input column '{f.name}' is missing")
             values[f.name] = np.asarray(cols[f.name], dtype=DTYPE)
         return cls(**values)
+
+
+# Framework-behaviour flags and their Megatron-LM values (overlapped gradient reduction,
+# sequence parallelism saving only the shard).
+OPTIONAL_COLUMNS = {"overlap_grad_reduce": 1.0, "sp_saves_gathered": 0.0}
 
 
 def model_columns(model: ModelSpec) -> dict[str, float]:
