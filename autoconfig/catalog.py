@@ -78,10 +78,23 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 
 def get_gpu(name: str) -> GPUSpec:
+    """A catalog GPU profile by name, or a profile YAML by path (`autoconfig calibrate` writes
+    these)."""
+    if name.endswith((".yaml", ".yml")) or os.path.sep in name:
+        return gpu_from_file(Path(name))
     catalog = gpus()
     if name not in catalog:
         raise UserError(f"gpu: unknown name '{name}'{_closest(name, list(catalog))}")
     return catalog[name]
+
+
+def gpu_from_file(path: Path) -> GPUSpec:
+    if not path.is_file():
+        raise UserError(f"profile: no such file '{path}'")
+    try:
+        return GPUSpec(**_read_yaml(path))
+    except ValidationError as exc:
+        raise UserError(pydantic_message(exc, f"profile: {path}: ")) from None
 
 
 def cluster_for(gpu: GPUSpec, gpus_per_node: int | None = None) -> ClusterSpec:

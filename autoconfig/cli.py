@@ -112,11 +112,36 @@ class EmitOpt(str, Enum):
     torchtitan = "torchtitan"
 
 
+class SamplerOpt(str, Enum):
+    tpe = "tpe"
+    gp = "gp"
+    grid = "grid"
+    random = "random"
+    model = "model"
+
+
+class ExecutorOpt(str, Enum):
+    local = "local"
+    slurm = "slurm"
+
+
+class DeviceOpt(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+MEASURE = "measured search (--measure)"
+
+
 @app.command()
 def search(
     model: str = typer.Option(..., help="catalog name or path to a Hugging Face config.json"),
-    gpus: int = typer.Option(..., help="total number of GPUs"),
-    gpu: str = typer.Option("h100-sxm-80gb", help="GPU profile name (see `autoconfig gpus`)"),
+    gpus: int = typer.Option(..., help="total number of GPUs (with --measure: ranks)"),
+    gpu: str = typer.Option(
+        None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
+    ),
+    profile: str = typer.Option(None, help="a GPU profile YAML, e.g. from autoconfig calibrate"),
     seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
     gbs: int = typer.Option(None, help="global batch in sequences (default: ~2-4M tokens)"),
     precision: PrecisionOpt = typer.Option("bf16", help="training precision"),
@@ -127,24 +152,61 @@ def search(
     min_dp: int = typer.Option(None, help="smallest data-parallel degree"),
     max_memory_gb: float = typer.Option(None, help="per-GPU memory limit, GiB"),
     memory_headroom: float = typer.Option(0.0, help="fraction of GPU memory to keep free"),
-    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    gpus_per_node: int = typer.Option(
+        None, help="GPUs per node (default: the GPU's cluster); with slurm: ranks per node"
+    ),
     top: int = typer.Option(10, help="rows to show"),
     tokens: float = typer.Option(None, help="training tokens: show days (and cost) to train"),
     gpu_hour_usd: float = typer.Option(None, help="price of one GPU-hour, with --tokens"),
     out: Path = typer.Option(None, help="folder for results.csv, best.json, report.html"),
     emit: EmitOpt = typer.Option(None, help="print the best as megatron/nemo/torchtitan"),
+    measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
+    trials: int = typer.Option(8, help="finished trials to run", rich_help_panel=MEASURE),
+    sampler: SamplerOpt = typer.Option(
+        SamplerOpt.tpe, help="after the analytical top-k", rich_help_panel=MEASURE
+    ),
+    enqueue_top: int = typer.Option(
+        3, help="analytical best measured first", rich_help_panel=MEASURE
+    ),
+    candidates: int = typer.Option(
+        200, help="best predicted layouts the study chooses among", rich_help_panel=MEASURE
+    ),
+    executor: ExecutorOpt = typer.Option(ExecutorOpt.local, rich_help_panel=MEASURE),
+    device: DeviceOpt = typer.Option(DeviceOpt.auto, rich_help_panel=MEASURE),
+    parallel: int = typer.Option(1, help="trials at once", rich_help_panel=MEASURE),
+    steps: int = typer.Option(10, help="training steps per trial", rich_help_panel=MEASURE),
+    warmup: int = typer.Option(2, help="steps left out of the timing", rich_help_panel=MEASURE),
+    trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE),
+    budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE),
+    trial_memory_gb: float = typer.Option(
+        None, help="per-rank memory cap of each trial", rich_help_panel=MEASURE
+    ),
+    storage: str = typer.Option(
+        None, help="Optuna storage URL (default sqlite in --out)", rich_help_panel=MEASURE
+    ),
+    resume: bool = typer.Option(False, help="continue the study in --out", rich_help_panel=MEASURE),
+    seed: int = typer.Option(0, help="sampler seed", rich_help_panel=MEASURE),
+    slurm_partition: str = typer.Option(None, rich_help_panel=MEASURE),
+    slurm_account: str = typer.Option(None, rich_help_panel=MEASURE),
+    slurm_option: list[str] = typer.Option(
+        None, help="extra sbatch option key=value (repeatable)", rich_help_panel=MEASURE
+    ),
 ) -> None:
-    """Rank every valid parallel layout of a model on N GPUs by predicted throughput."""
-    fixed = {}
-    for item in fix or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise UserError(f"fix: expected key=value (got '{item}')")
-        fixed[key.strip()] = value.strip()
+    """Rank every valid parallel layout of a model on N GPUs by predicted throughput; with
+    --measure, confirm the best with short profiled runs of the bundled trainer."""
+    fixed = _pairs(fix, "fix")
     if tokens is not None and tokens <= 0:
         raise UserError(f"tokens: must be positive (got {tokens})")
     if gpu_hour_usd is not None and gpu_hour_usd <= 0:
         raise UserError(f"gpu-hour-usd: must be positive (got {gpu_hour_usd})")
+    if profile is not None and gpu is not None:
+        raise UserError("profile: give --profile or --gpu, not both")
+    on_cpu = measure and (device == DeviceOpt.cpu or (device == DeviceOpt.auto and not _has_cuda()))
+    gpu = profile or gpu or ("cpu-gloo" if on_cpu else "h100-sxm-80gb")
+    if on_cpu and gbs is None:
+        gbs = 4 * gpus  # CPU trials: a few sequences per rank, not a GPU cluster's ~2-4M tokens
+    if measure and out is None:
+        raise UserError("out: a measured search needs --out (its study and trials live there)")
     print(f"searching {model} on {gpus} GPUs ...", file=sys.stderr)
     ranked = api.search(
         model,
@@ -162,6 +224,36 @@ def search(
         memory_headroom=memory_headroom,
         gpus_per_node=gpus_per_node,
     )
+    if measure:
+        from autoconfig.measure import session
+        from autoconfig.measure.launcher import SlurmOptions
+
+        opts = session.MeasureOptions(
+            out=out,
+            trials=trials,
+            sampler=sampler.value,
+            executor=executor.value,
+            device=device.value,
+            parallel=parallel,
+            steps=steps,
+            warmup=warmup,
+            timeout_min=trial_timeout_min,
+            budget_gpu_hours=budget_gpu_hours,
+            top_k=enqueue_top,
+            candidates=candidates,
+            storage=storage,
+            resume=resume,
+            trial_memory_gb=trial_memory_gb,
+            seed=seed,
+            slurm=SlurmOptions(
+                partition=slurm_partition,
+                account=slurm_account,
+                gpus_per_node=(gpus_per_node or 8) if not on_cpu else 0,
+                ranks_per_node=gpus_per_node or 8,
+                options=_pairs(slurm_option, "slurm-option"),
+            ),
+        )
+        raise typer.Exit(session.run(ranked, model, gpu, opts))
     terminal.print_view(terminal.search_view(ranked, top, tokens, gpu_hour_usd))
     if out is not None:
         files.write_search(ranked, out)
@@ -177,6 +269,33 @@ def search(
         sys.exit(1)
 
 
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UserError(f"{flag}: expected key=value (got '{item}')")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@app.command()
+def calibrate(
+    run: Path = typer.Argument(..., help="a measured search's --out folder"),
+    write: Path = typer.Option(None, help="where to write the calibrated profile YAML"),
+) -> None:
+    """Fit the GPU profile's efficiency constants to a measured search's trials."""
+    from autoconfig.measure import calibrate as calib
+
+    calib.run(run, write)
+
+
 @app.command()
 def models() -> None:
     """List the catalog models with their parameter counts."""
@@ -188,12 +307,6 @@ def models() -> None:
 def gpus() -> None:
     """List the GPU profiles: datasheet figures and calibrated efficiency."""
     terminal.print_view(terminal.gpus_table(list(catalog.gpus().values())))
-
-
-class DeviceOpt(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 @app.command()

@@ -21,7 +21,7 @@ def _atomic_write(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_search(ranked: pd.DataFrame, out: Path) -> None:
+def write_search(ranked: pd.DataFrame, out: Path, measured: pd.DataFrame | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _atomic_write(out / "results.csv", ranked.to_csv(index=False))
     best = None
@@ -35,4 +35,4 @@ def write_search(ranked: pd.DataFrame, out: Path) -> None:
     context = {k: v for k, v in ranked.attrs.items() if k != "advice"}
     payload = {"inputs": context, "best": best, "advice": ranked.attrs.get("advice", [])}
     _atomic_write(out / "best.json", json.dumps(payload, indent=2, default=str))
-    _atomic_write(out / "report.html", html.render(ranked))
+    _atomic_write(out / "report.html", html.render(ranked, measured=measured))

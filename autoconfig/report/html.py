@@ -79,7 +79,69 @@ def _stacked(top: pd.DataFrame, parts: tuple, title: str, unit: str) -> go.Figur
     return fig
 
 
-def render(ranked: pd.DataFrame, top_k: int = 10) -> str:
+def _measured_section(measured: pd.DataFrame) -> tuple[str, list[go.Figure]]:
+    """The measured search: its ranking table and predicted vs measured throughput."""
+    done = measured[measured["ranked_by"] == "measured"]
+    tried = measured[measured["class"] != ""]
+    rows = pd.concat([tried, measured[measured["class"] == ""].head(5)])
+    cells = []
+    for _, r in rows.iterrows():
+        m = r["measured_tokens_per_s_per_gpu"]
+        cells.append(
+            [
+                str(r["rank"]),
+                r["label"],
+                r["ranked_by"],
+                "-" if pd.isna(m) else f"{m:,.0f}",
+                f"{r['pred_tokens_per_s_per_gpu']:,.0f}",
+                "-" if pd.isna(r["error_pct"]) else f"{r['error_pct']:+.0f}%",
+                r["reason"],
+            ]
+        )
+    head = ["#", "layout", "ranked by", "measured tokens/s/GPU", "predicted", "error", "reason"]
+    table = (
+        "<table id='measured'><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+            for row in cells
+        )
+        + "</table>"
+    )
+    text = (
+        "<h2>Measured trials</h2><p class='note'>Ranked by measured throughput where measured, "
+        f"by the prediction otherwise (scaled by {measured.attrs.get('scale', 1.0):.3g}, the "
+        "median measured/predicted ratio). Failed trials are listed with their class and "
+        "reason.</p>" + table
+    )
+    fig = go.Figure()
+    if len(done):
+        fig.add_trace(
+            go.Scatter(
+                x=done["pred_tokens_per_s_per_gpu"],
+                y=done["measured_tokens_per_s_per_gpu"],
+                mode="markers",
+                text=done["label"],
+                hovertemplate="%{text}<br>predicted %{x:,.0f}<br>measured %{y:,.0f}<extra></extra>",
+            )
+        )
+        top = float(
+            max(
+                done["pred_tokens_per_s_per_gpu"].max(), done["measured_tokens_per_s_per_gpu"].max()
+            )
+        )
+        fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="measured = predicted"))
+    fig.update_layout(
+        title="Predicted vs measured tokens/s/GPU",
+        xaxis_title="predicted",
+        yaxis_title="measured",
+        height=460,
+    )
+    return text, [fig]
+
+
+def render(ranked: pd.DataFrame, top_k: int = 10, measured: pd.DataFrame | None = None) -> str:
     a = ranked.attrs
     feasible = ranked[ranked["pruned"] == ""]
     top = feasible.head(top_k)
@@ -112,6 +174,10 @@ def render(ranked: pd.DataFrame, top_k: int = 10) -> str:
             _stacked(top, tuple((lbl, c) for lbl, c in MEMORY_PARTS), "Memory per GPU", "GiB"),
             _stacked(top, tuple((lbl, c) for lbl, c in TIME_PARTS), "Step time", "seconds"),
         ]
+    if measured is not None:
+        text, extra = _measured_section(measured)
+        parts.append(text)
+        figures = extra + figures
     for i, fig in enumerate(figures):
         parts.append(
             pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=f"plot{i}")

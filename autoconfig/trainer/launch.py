@@ -18,6 +18,7 @@ from autoconfig.trainer.metrics import (
     EXIT_OOM,
     RankMemory,
     RunMetrics,
+    median_after_warmup,
     write_json_atomic,
 )
 
@@ -74,8 +75,6 @@ def predicted(cfg: TrainConfig, profile: str | None) -> dict | None:
 
 def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunMetrics:
     """metrics.json from the ranks' rank{r}.json files (missing ranks count as crashed)."""
-    from autoconfig.trainer.run import median_after_warmup
-
     ranks = []
     for r in range(world):
         path = out / f"rank{r}.json"
@@ -142,7 +141,8 @@ def launch_local(cfg: TrainConfig, out: Path, quiet: bool = True) -> tuple[int, 
         stale.unlink()
     config_path = out / "config.json"
     write_json_atomic(config_path, cfg.model_dump(mode="json"))
-    if cfg.world == 1:
+    if cfg.world == 1 and cfg.memory_limit_gb is None and not cfg.fault:
+        # In this process; a memory cap or an injected fault needs a process of its own.
         from autoconfig.trainer.run import train
 
         os.environ.pop("RANK", None)

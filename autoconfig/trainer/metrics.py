@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Literal
 
@@ -76,3 +77,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 def read_metrics(path: Path) -> RunMetrics:
     return RunMetrics.model_validate_json(Path(path).read_text())
+
+
+def median_after_warmup(times: list[float], warmup: int) -> float:
+    return statistics.median(times[warmup:] if len(times) > warmup else times)

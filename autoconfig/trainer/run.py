@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -78,6 +79,7 @@ class Rank:
         self.device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(self.device)
+        limit_memory(cfg, self.device)
         self.bf16 = use_cuda and cfg.precision in ("auto", "bf16")
         self.cpu_bf16 = not use_cuda and cfg.precision == "bf16"
         self.mesh = build_mesh(cfg, self.device.type) if world > 1 else None
@@ -300,13 +302,18 @@ def train(cfg: TrainConfig, out: Path) -> int:
             )
             started = True
         state = Rank(cfg, rank, world, local_rank)
-        state.fault = _injected_fault(rank)
+        state.fault = _injected_fault(cfg, rank)
         result.update(train_loop(state))
         result["status"] = "ok"
         code = EXIT_OK
-    except torch.OutOfMemoryError as exc:
-        result.update(status="oom", message=str(exc).splitlines()[0][:500])
-        code = EXIT_OOM
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not is_oom(exc):
+            tail = traceback.format_exc().strip().splitlines()[-3:]
+            result.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500], trace=tail)
+            code = EXIT_ERROR
+        else:
+            result.update(status="oom", message=str(exc).splitlines()[0][:500])
+            code = EXIT_OOM
     except UserError as exc:
         result.update(status="error", message=str(exc))
         code = EXIT_ERROR
@@ -339,7 +346,7 @@ def train_loop(state: Rank) -> dict:
             dist.barrier()
         begin = time.perf_counter()
         if state.fault and step == 1:
-            raise state.fault
+            state.fault()
         if step == 0:
             with state.counter.hooks():
                 loss = state.step(step)
@@ -360,16 +367,49 @@ def train_loop(state: Rank) -> dict:
     }
 
 
-def _injected_fault(rank: int) -> Exception | None:
-    """AUTOCONFIG_TRAINER_FAULT=oom@1 (or crash@1) makes rank 1 fail at its second step: how
-    the tests exercise the oom and crash paths without a GPU."""
-    spec = os.environ.get("AUTOCONFIG_TRAINER_FAULT", "")
+def _injected_fault(cfg: TrainConfig, rank: int) -> Callable[[], None] | None:
+    """The fault of cfg.fault (or AUTOCONFIG_TRAINER_FAULT), e.g. 'oom@1': rank 1 fails at its
+    second step. How the tests exercise every failure path without a GPU."""
+    spec = cfg.fault or os.environ.get("AUTOCONFIG_TRAINER_FAULT", "")
     kind, _, where = spec.partition("@")
     if not spec or int(where or 0) != rank:
         return None
-    if kind == "oom":
-        return torch.OutOfMemoryError("CUDA out of memory (injected by AUTOCONFIG_TRAINER_FAULT)")
-    return RuntimeError("crash injected by AUTOCONFIG_TRAINER_FAULT")
+
+    def fail() -> None:
+        if kind == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory (injected fault)")
+        if kind == "alloc":  # a real allocation, twice the cap (or 64 GiB without one)
+            gib = 2 * (cfg.memory_limit_gb or 32)
+            torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
+        if kind == "sleep":
+            time.sleep(10**6)
+        raise RuntimeError(f"crash injected by fault '{spec}'")
+
+    return fail
+
+
+def limit_memory(cfg: TrainConfig, device: torch.device) -> None:
+    """Caps this rank's memory at cfg.memory_limit_gb, so a layout that needs more ends as an
+    oom instead of swapping (CPU) or borrowing from a neighbour's share (GPU)."""
+    if cfg.memory_limit_gb is None:
+        return
+    limit = int(cfg.memory_limit_gb * 2**30)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        return
+    import resource
+
+    with open("/proc/self/status") as status:
+        held = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (held + limit, hard))
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator refusing (an address-space limit)."""
+    text = str(exc)
+    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in text
 
 
 def slice_layer(state: Rank, saved_per_layer: float, repeats: int = 5) -> dict:
@@ -427,7 +467,3 @@ def environment(world: int) -> Environment:
         world_size=world,
         hostname=socket.gethostname(),
     )
-
-
-def median_after_warmup(times: list[float], warmup: int) -> float:
-    return statistics.median(times[warmup:] if len(times) > warmup else times)

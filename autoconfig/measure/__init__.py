@@ -1,0 +1,1 @@
+"""Measured search: Optuna trials of the bundled trainer on local ranks or SLURM."""

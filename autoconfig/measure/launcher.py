@@ -1,0 +1,231 @@
+"""Executors of trials through submitit: `local` (submitit's local controller starts one
+process per rank on this machine) and `slurm` (one sbatch job per trial, ranks started by
+srun). A job handle can be rebuilt from what the study recorded, so --resume finds jobs that
+outlived the search process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoconfig.errors import UserError
+from autoconfig.measure.task import run_rank
+from autoconfig.trainer.config import TrainConfig
+
+SLURM_ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
+
+
+class LaunchError(Exception):
+    """The scheduler (or the local controller) refused to start a trial."""
+
+
+@dataclass
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    gpus_per_node: int = 0
+    ranks_per_node: int = 8
+    options: dict[str, str] = field(default_factory=dict)  # extra sbatch options
+
+
+@dataclass
+class Job:
+    """A submitted trial: enough to poll, cancel and read the logs of it."""
+
+    kind: str
+    job_id: str
+    folder: Path
+    submitted: float
+    handle: object | None = None  # submitit's job object, when this process submitted it
+    started: float | None = None  # when it was first seen running (timeouts count from here)
+
+    def running(self) -> bool:
+        if self.kind == "local":
+            process = getattr(self.handle, "_process", None)
+            if process is not None:
+                return process.poll() is None
+            return _pid_is_submitit(int(self.job_id))
+        return _slurm_state(self.job_id) in SLURM_ALIVE
+
+    def pending(self) -> bool:
+        return self.kind == "slurm" and _slurm_state(self.job_id) in ("PENDING", "CONFIGURING")
+
+    def cancel(self, hard: bool = False) -> None:
+        if self.kind == "local":
+            pid = int(self.job_id)
+            try:  # the controller forwards SIGTERM to every rank; SIGKILL is the backstop
+                os.kill(pid, signal.SIGKILL if hard else signal.SIGTERM)
+                if hard:
+                    for child in _children(pid):
+                        os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+        subprocess.run(
+            ["scancel", "--signal=KILL" if hard else "--full", self.job_id],
+            check=False,
+            capture_output=True,
+        )
+
+    def log_tail(self, lines: int = 12) -> str:
+        """The last lines the ranks wrote to stderr (rank 0 first), for crash reports."""
+        tails = []
+        for path in sorted(self.folder.glob(f"{self.job_id}_*_log.err")):
+            text = path.read_text(errors="replace").strip().splitlines()
+            useful = [t for t in text if t.strip() and "submitit" not in t]
+            if useful:
+                tails.append(f"[{path.name}] " + " | ".join(useful[-lines:]))
+        return "\n".join(tails[:2])
+
+
+class Launcher:
+    """Submits trials with one executor kind; knows how many ranks may run at once."""
+
+    def __init__(
+        self,
+        kind: str,
+        timeout_s: float,
+        device: str,
+        slurm: SlurmOptions | None = None,
+        max_ranks: int | None = None,
+    ) -> None:
+        self.kind = kind
+        self.timeout_s = timeout_s
+        self.device = device
+        self.slurm = slurm or SlurmOptions()
+        self.max_ranks = max_ranks or (os.cpu_count() or 1)
+        logging.getLogger("submitit").setLevel(logging.ERROR)  # sacct-less clusters warn a lot
+        if device == "cpu":  # ranks share the cores: one thread each, as torchrun does
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    # -- checks before anything is submitted --------------------------------------------------
+    def preflight(self, worlds: list[int]) -> None:
+        """With slurm: sbatch --test-only for the largest trial, so options the cluster rejects
+        are one line at the start, not a failed trial each."""
+        if self.kind != "slurm":
+            return
+        if shutil.which("sbatch") is None:
+            raise UserError("executor: slurm needs sbatch on PATH (or use --executor local)")
+        world = max(worlds)
+        argv = ["sbatch", "--test-only", *self._sbatch_args(world), "--wrap", "true"]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+            raise UserError(f"slurm: the cluster refused the job options ({' '.join(said)[:300]})")
+
+    def _nodes(self, world: int) -> tuple[int, int]:
+        per = max(1, min(self.slurm.ranks_per_node, world))
+        if world % per:
+            raise LaunchError(f"{world} ranks do not split into nodes of {per}")
+        return world // per, per
+
+    def _sbatch_args(self, world: int) -> list[str]:
+        nodes, per = self._nodes(world)
+        args = [f"--nodes={nodes}", f"--ntasks-per-node={per}", f"--time={self._minutes()}"]
+        if self.slurm.partition:
+            args.append(f"--partition={self.slurm.partition}")
+        if self.slurm.account:
+            args.append(f"--account={self.slurm.account}")
+        if self.slurm.gpus_per_node:
+            args.append(f"--gpus-per-node={self.slurm.gpus_per_node}")
+        args += [f"--{k}={v}" for k, v in self.slurm.options.items()]
+        return args
+
+    def _minutes(self) -> int:
+        # The scheduler's limit is a backstop a little past the search's own timeout.
+        return int(self.timeout_s / 60) + 2
+
+    # -- submission ---------------------------------------------------------------------------
+    def submit(self, cfg: TrainConfig, run_dir: Path) -> Job:
+        import submitit
+
+        folder = run_dir / "submitit"
+        config_path = run_dir / "config.json"
+        try:
+            if self.kind == "local":
+                executor = submitit.LocalExecutor(folder=folder)
+                executor.update_parameters(
+                    tasks_per_node=cfg.world,
+                    timeout_min=self._minutes(),
+                    gpus_per_node=cfg.world if self.device == "cuda" else 0,
+                )
+            else:
+                nodes, per = self._nodes(cfg.world)
+                executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+                extra = dict(self.slurm.options)
+                params: dict[str, object] = {
+                    "nodes": nodes,
+                    "tasks_per_node": per,
+                    "timeout_min": self._minutes(),
+                    "slurm_additional_parameters": extra,
+                    "name": f"autoconfig-{run_dir.name}",
+                }
+                if self.slurm.partition:
+                    params["slurm_partition"] = self.slurm.partition
+                if self.slurm.account:
+                    params["slurm_account"] = self.slurm.account
+                if self.slurm.gpus_per_node:
+                    params["gpus_per_node"] = self.slurm.gpus_per_node
+                executor.update_parameters(**params)
+            handle = executor.submit(run_rank, str(config_path), str(run_dir))
+        except Exception as exc:  # sbatch refused, or the controller could not start
+            raise LaunchError(" ".join(str(exc).split())[:500]) from None
+        now = time.time()
+        return Job(
+            self.kind,
+            str(handle.job_id),
+            folder,
+            now,
+            handle,
+            now if self.kind == "local" else None,
+        )
+
+    def reattach(self, attrs: dict) -> Job | None:
+        """The job a trial recorded, if it is still alive (after the search was killed)."""
+        if "job_id" not in attrs or attrs.get("executor") not in ("local", "slurm"):
+            return None
+        job = Job(
+            attrs["executor"],
+            str(attrs["job_id"]),
+            Path(attrs["run_dir"]) / "submitit",
+            float(attrs.get("submitted", time.time())),
+        )
+        job.started = attrs.get("started")
+        return job if job.running() else None
+
+
+def _pid_is_submitit(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return b"submitit" in cmdline and "State:\tZ" not in status
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(proc.name))
+    return out
+
+
+def _slurm_state(job_id: str) -> str:
+    done = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False
+    )
+    state = done.stdout.strip().splitlines()
+    return state[0] if done.returncode == 0 and state else "GONE"

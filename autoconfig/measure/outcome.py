@@ -1,0 +1,89 @@
+"""What a finished trial came to: its failure class (ok, oom, timeout, crash, launch, invalid,
+interrupted), the reason in one line, the measured figures, and the time the search itself
+spent around the trainer."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autoconfig.measure.launcher import Job
+from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.launch import assemble
+from autoconfig.trainer.metrics import RunMetrics, read_metrics
+
+# Classes that count as a finished trial toward --trials; the others cost no run.
+COUNTED = ("ok", "oom", "timeout", "crash", "launch")
+
+
+@dataclass
+class Outcome:
+    kind: str
+    reason: str = ""
+    metrics: RunMetrics | None = None
+    attrs: dict[str, object] = field(default_factory=dict)
+
+
+def collect(cfg: TrainConfig, job: Job, run_dir: Path, timed_out: bool, limit_s: float) -> Outcome:
+    """metrics.json from the ranks' files, classified."""
+    metrics = _metrics(cfg, run_dir)
+    attrs: dict[str, object] = {}
+    timing = _timing(run_dir)
+    wall = time.time() - job.submitted
+    attrs["wall_s"] = round(wall, 3)
+    if timing:
+        trainer = max(t["ended"] for t in timing) - min(t["started"] for t in timing)
+        attrs["trainer_s"] = round(trainer, 3)
+        attrs["overhead_s"] = round(wall - trainer, 3)
+    if metrics.status == "ok" and not timed_out:
+        attrs.update(
+            measured_tokens_per_s_per_gpu=metrics.tokens_per_s_per_gpu,
+            measured_step_time_s=metrics.median_step_time_s,
+            measured_peak_mem_gb=max((m.peak_allocated_gb or 0.0) for m in metrics.memory) or None,
+        )
+        return Outcome("ok", "", metrics, attrs)
+    if metrics.status == "oom":
+        return Outcome("oom", _first(metrics.message), metrics, attrs)
+    if timed_out:
+        return Outcome("timeout", f"killed at the {limit_s:.0f} s trial limit", metrics, attrs)
+    tail = job.log_tail()
+    reason = _first(metrics.message) or "the job ended without a result"
+    return Outcome("crash", f"{reason}{' | log: ' + tail if tail else ''}"[:1500], metrics, attrs)
+
+
+def _metrics(cfg: TrainConfig, run_dir: Path) -> RunMetrics:
+    """Rank 0 assembles metrics.json itself after a successful run; otherwise (a failure, a
+    killed job) it is assembled here from whatever the ranks left."""
+    done = run_dir / "metrics.json"
+    ranks = [run_dir / f"rank{r}.json" for r in range(cfg.world)]
+    if done.exists() and all(
+        r.exists() and r.stat().st_mtime <= done.stat().st_mtime for r in ranks
+    ):
+        return read_metrics(done)
+    return assemble(cfg, run_dir, cfg.world)
+
+
+def _first(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else ""
+
+
+def _timing(run_dir: Path) -> list[dict]:
+    out = []
+    for path in run_dir.glob("timing*.json"):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def finished_on_disk(run_dir: Path, world: int) -> bool:
+    """Every rank left its result: the job ended while nobody was watching."""
+    return all((run_dir / f"rank{r}.json").exists() for r in range(world))
+
+
+def all_ranks_done(run_dir: Path, world: int) -> bool:
+    """Every rank's task function returned (it writes timing{r}.json last)."""
+    return all((run_dir / f"timing{r}.json").exists() for r in range(world))

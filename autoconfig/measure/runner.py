@@ -1,0 +1,314 @@
+"""The measured search's loop: ask the study for a layout, launch it, watch it (timeouts
+included), classify and tell what came back, up to --trials, --budget-gpu-hours and --parallel.
+Everything a trial learns is in the study before the next decision, so a killed search loses
+nothing that finished."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState, create_trial
+
+from autoconfig.errors import UserError
+from autoconfig.measure.candidates import DIMS, PREDICTED, Candidates, key_of, params_of
+from autoconfig.measure.launcher import Job, Launcher, LaunchError
+from autoconfig.measure.outcome import (
+    COUNTED,
+    Outcome,
+    all_ranks_done,
+    collect,
+    finished_on_disk,
+)
+from autoconfig.measure.sampler import distributions, taken_keys
+from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.metrics import write_json_atomic
+
+POLL_S = 0.1
+KILL_GRACE_S = 10.0
+
+
+@dataclass
+class Settings:
+    trials: int
+    parallel: int = 1
+    budget_gpu_hours: float | None = None
+    timeout_s: float = 900.0
+    faults: dict[int, str] | None = None  # testing: trial number -> trainer fault
+
+
+@dataclass
+class Flight:
+    trial: optuna.trial.Trial
+    key: str
+    cfg: TrainConfig
+    job: Job
+    run_dir: Path
+    timed_out_at: float | None = None
+
+
+class Runner:
+    def __init__(
+        self,
+        study: optuna.Study,
+        candidates: Candidates,
+        launcher: Launcher,
+        settings: Settings,
+        out: Path,
+        progress: object,
+    ) -> None:
+        self.study, self.candidates, self.launcher = study, candidates, launcher
+        self.settings, self.out, self.progress = settings, Path(out), progress
+        self.space = distributions(candidates.table)
+        self.flights: dict[int, Flight] = {}
+        self.draining: list[tuple[Job, float]] = []  # finished jobs whose processes still exit
+
+    # -- accounting -------------------------------------------------------------------------
+    def finished(self) -> list[optuna.trial.FrozenTrial]:
+        return [
+            t
+            for t in self.study.get_trials(deepcopy=False)
+            if t.state.is_finished() and t.user_attrs.get("failure_class") in COUNTED
+        ]
+
+    def gpu_hours(self) -> float:
+        return sum(
+            float(t.user_attrs.get("wall_s", 0)) * int(t.user_attrs.get("world", 1)) / 3600
+            for t in self.study.get_trials(deepcopy=False)
+        )
+
+    def _ranks_in_flight(self) -> int:
+        return sum(f.cfg.world for f in self.flights.values())
+
+    def _untried(self) -> int:
+        taken = taken_keys(self.study)
+        runnable = self.candidates.runnable()
+        return int((~runnable["key"].isin(taken)).sum())
+
+    def _waiting(self) -> int:
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    def budget_left(self) -> bool:
+        s = self.settings
+        if len(self.finished()) + len(self.flights) >= s.trials:
+            return False
+        if s.budget_gpu_hours is not None and self.gpu_hours() >= s.budget_gpu_hours:
+            return False
+        return self._untried() + self._waiting() > 0
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        self.recover()
+        try:
+            while True:
+                self._poll()
+                while len(self.flights) < self.settings.parallel and self.budget_left():
+                    if not self._launch_next():
+                        break
+                if not self.flights and not self.budget_left():
+                    break
+                self.progress.refresh(self)
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            self.abandon()
+            raise
+        self.progress.refresh(self)
+
+    def _launch_next(self) -> bool:
+        """Ask for one layout and start it; False when none can start now."""
+        nxt = self._peek_world()
+        if nxt and self.flights and self._ranks_in_flight() + nxt > self.launcher.max_ranks:
+            return False
+        trial = self.study.ask(self.space)
+        params = {d: trial.params[d] for d in DIMS}
+        key = key_of(params)
+        if key not in set(self.candidates.table["key"]) or key in taken_keys(
+            self.study, exclude=trial.number
+        ):
+            # Nothing untried was left to propose: close this trial without a run.
+            self._tell(trial, Outcome("invalid", "no untried candidate left"))
+            return False
+        row = self.candidates.by_key(key)
+        self._describe(trial, row)
+        if row["refused"]:
+            self._tell(trial, Outcome("invalid", str(row["refused"])))
+            return True
+        fault = (self.settings.faults or {}).get(trial.number, "")
+        cfg = self.candidates.config(key)
+        if fault:
+            cfg = cfg.model_copy(update={"fault": fault})
+        run_dir = self.out / "trials" / f"{trial.number:04d}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "config.json", cfg.model_dump(mode="json"))
+        trial.set_user_attr("world", cfg.world)
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("executor", self.launcher.kind)
+        try:
+            job = self.launcher.submit(cfg, run_dir)
+        except LaunchError as exc:
+            self._tell(trial, Outcome("launch", str(exc)))
+            return True
+        trial.set_user_attr("job_id", job.job_id)
+        trial.set_user_attr("submitted", job.submitted)
+        self.flights[trial.number] = Flight(trial, key, cfg, job, run_dir)
+        self.progress.started(trial.number, row["label"])
+        return True
+
+    def _peek_world(self) -> int:
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if waiting:
+            p = waiting[0].system_attrs.get("fixed_params", {})
+            return (
+                int(p.get("tp", 1))
+                * int(p.get("pp", 1))
+                * int(p.get("dp", 1))
+                * int(p.get("cp", 1))
+            )
+        return 0
+
+    def _describe(self, trial: optuna.trial.Trial, row: object) -> None:
+        trial.set_user_attr("key", row["key"])
+        trial.set_user_attr("label", row["label"])
+        trial.set_user_attr("analytical_rank", int(row["analytical_rank"]))
+        for p in PREDICTED:
+            trial.set_user_attr(p, float(row[p]))
+
+    def _poll(self) -> None:
+        now = time.time()
+        for job, deadline in list(self.draining):
+            if not job.running():
+                self.draining.remove((job, deadline))
+            elif now > deadline:
+                job.cancel(hard=True)
+        for number, flight in list(self.flights.items()):
+            job = flight.job
+            alive = job.running()
+            if alive and job.started is None and not job.pending():
+                job.started = now
+                flight.trial.set_user_attr("started", now)
+            limit_passed = job.started is not None and now - job.started > self.settings.timeout_s
+            if alive and flight.timed_out_at is None and limit_passed:
+                flight.timed_out_at = now
+                job.cancel()
+            if alive and flight.timed_out_at is not None:
+                if now - flight.timed_out_at > KILL_GRACE_S:
+                    job.cancel(hard=True)
+                continue
+            if alive and not all_ranks_done(flight.run_dir, flight.cfg.world):
+                continue
+            if alive:  # results are in; the ranks are only tearing down: do not wait for that
+                self.draining.append((job, now + KILL_GRACE_S))
+            outcome = collect(
+                flight.cfg,
+                job,
+                flight.run_dir,
+                flight.timed_out_at is not None,
+                self.settings.timeout_s,
+            )
+            del self.flights[number]
+            self._tell(flight.trial, outcome)
+
+    def _tell(self, trial: optuna.trial.Trial, outcome: Outcome) -> None:
+        attrs = dict(outcome.attrs)
+        attrs["failure_class"] = outcome.kind
+        if outcome.kind == "oom":
+            pred = trial.user_attrs.get("pred_peak_mem_gb")
+            cap = trial.user_attrs.get("mem_limit_gb")
+            if pred is not None and cap is not None:
+                outcome.reason += (
+                    f" (the cost model said it fits: {pred:.2f} of {cap:.2f} GB; "
+                    "its memory verdict was wrong here)"
+                )
+        if outcome.reason:
+            attrs["reason"] = outcome.reason
+        for name, value in attrs.items():
+            if value is not None:
+                trial.set_user_attr(name, value)
+        if outcome.kind == "ok":
+            self.study.tell(trial, outcome.attrs["measured_tokens_per_s_per_gpu"])
+        elif outcome.kind == "invalid":
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+        self.progress.finished(trial.number, trial.user_attrs.get("label", ""), outcome)
+
+    # -- interruption and resume --------------------------------------------------------------
+    def abandon(self) -> None:
+        """Ctrl-C: local jobs die with the search (their trials are re-queued on --resume);
+        SLURM jobs go on and --resume waits for them."""
+        for flight in self.flights.values():
+            if flight.job.kind == "local":
+                flight.job.cancel(hard=True)
+
+    def recover(self) -> None:
+        """Trials left running by a search that died: wait for live jobs, collect the ones
+        that finished meanwhile, re-queue the dead ones once."""
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        for frozen in running:
+            trial = optuna.trial.Trial(self.study, frozen._trial_id)
+            attrs = frozen.user_attrs
+            job = self.launcher.reattach(attrs)
+            key = attrs.get("key")
+            if job is not None and key:
+                cfg = self.candidates.config(key)
+                self.flights[frozen.number] = Flight(trial, key, cfg, job, Path(attrs["run_dir"]))
+                self.progress.started(frozen.number, attrs.get("label", key) + " (still running)")
+                continue
+            if key and "run_dir" in attrs:
+                cfg = self.candidates.config(key)
+                run_dir = Path(attrs["run_dir"])
+                if finished_on_disk(run_dir, cfg.world):
+                    stub = Job(
+                        str(attrs.get("executor")),
+                        str(attrs.get("job_id", "")),
+                        run_dir / "submitit",
+                        float(attrs.get("submitted", time.time())),
+                    )
+                    self._tell(trial, collect(cfg, stub, run_dir, False, self.settings.timeout_s))
+                    continue
+            self._tell(trial, Outcome("interrupted", "the search stopped while this trial ran"))
+            if frozen.params and "requeue_of" not in attrs:
+                self.study.enqueue_trial(
+                    frozen.params, user_attrs={"source": "re-queued", "requeue_of": frozen.number}
+                )
+
+    def record_refused_top(self, limit: int = 5) -> None:
+        """Layouts predicted better than the best runnable one that the trainer cannot run:
+        recorded as pruned (invalid) trials, so the report says why they were not measured."""
+        table = self.candidates.table.sort_values("analytical_rank")
+        for _, row in table.iterrows():
+            if not row["refused"]:
+                break
+            if limit <= 0:
+                break
+            limit -= 1
+            attrs = {
+                "key": row["key"],
+                "label": row["label"],
+                "analytical_rank": int(row["analytical_rank"]),
+                "failure_class": "invalid",
+                "reason": row["refused"],
+                **{p: float(row[p]) for p in PREDICTED},
+            }
+            self.study.add_trial(
+                create_trial(
+                    state=TrialState.PRUNED,
+                    params=params_of(row),
+                    distributions=self.space,
+                    user_attrs=attrs,
+                )
+            )
+            self.progress.finished(-1, row["label"], Outcome("invalid", row["refused"]))
+
+
+def check_settings(s: Settings) -> None:
+    if s.trials < 1:
+        raise UserError(f"trials: must be a positive integer (got {s.trials})")
+    if s.parallel < 1:
+        raise UserError(f"parallel: must be a positive integer (got {s.parallel})")
+    if s.timeout_s <= 0:
+        raise UserError("trial-timeout-min: must be positive")
+    if s.budget_gpu_hours is not None and s.budget_gpu_hours <= 0:
+        raise UserError(f"budget-gpu-hours: must be positive (got {s.budget_gpu_hours})")

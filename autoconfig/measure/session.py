@@ -1,0 +1,145 @@
+"""`autoconfig search --measure`: from the analytical ranking to a finished study and its
+report. Every check that can refuse the request (options, storage, SLURM options, a resumed
+folder of another search) runs before the study is touched."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from autoconfig.errors import UserError
+from autoconfig.measure import candidates as cand
+from autoconfig.measure import summary
+from autoconfig.measure.launcher import Launcher, SlurmOptions
+from autoconfig.measure.progress import Progress
+from autoconfig.measure.runner import Runner, Settings, check_settings
+from autoconfig.measure.sampler import SAMPLERS, CandidateSampler
+from autoconfig.measure.study import enqueue_top, open_storage, open_study, storage_url
+from autoconfig.report import files
+
+FAULTS_ENV = "AUTOCONFIG_MEASURE_FAULTS"  # testing: "1:alloc@0,2:sleep@0" trial -> fault
+
+
+@dataclass
+class MeasureOptions:
+    out: Path
+    trials: int = 8
+    sampler: str = "tpe"
+    executor: str = "local"
+    device: str = "auto"
+    parallel: int = 1
+    steps: int = 10
+    warmup: int = 2
+    timeout_min: float = 15.0
+    budget_gpu_hours: float | None = None
+    top_k: int = 3
+    candidates: int = 200
+    storage: str | None = None
+    resume: bool = False
+    trial_memory_gb: float | None = None
+    seed: int = 0
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int:
+    """Measure the best candidates of `ranked`; returns the exit code (0: something measured)."""
+    if opts.sampler not in SAMPLERS:
+        raise UserError(f"sampler: '{opts.sampler}' is not one of {', '.join(SAMPLERS)}")
+    if opts.executor not in ("local", "slurm"):
+        raise UserError(f"executor: '{opts.executor}' is not one of local, slurm")
+    if opts.top_k < 0 or opts.candidates < 1:
+        raise UserError("enqueue-top / candidates: must be >= 0 / >= 1")
+    settings = Settings(
+        trials=opts.trials,
+        parallel=opts.parallel,
+        budget_gpu_hours=opts.budget_gpu_hours,
+        timeout_s=opts.timeout_min * 60,
+        faults=_faults(),
+    )
+    check_settings(settings)
+    device = resolve_device(opts.device)
+    if not ranked.attrs.get("feasible"):
+        raise UserError("measure: no layout fits in memory, so there is nothing to measure")
+    overrides: dict[str, object] = {
+        "steps": opts.steps,
+        "warmup": opts.warmup,
+        "device": device,
+        "gpu": gpu,
+    }
+    if opts.trial_memory_gb is not None:
+        overrides["memory_limit_gb"] = opts.trial_memory_gb
+    table = cand.build(ranked, model, opts.candidates, overrides)
+    worlds = [int(c.tp * c.pp * c.dp * c.cp) for c in table.runnable().itertuples()]
+    launcher = Launcher(opts.executor, settings.timeout_s, device, opts.slurm)
+    if worlds:
+        launcher.preflight(worlds)
+    url = storage_url(opts.out, opts.storage)
+    if opts.storage is None:
+        opts.out.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(url)
+    fingerprint = {
+        "model": str(ranked.attrs["model"]),
+        "gpus": int(ranked.attrs["gpus"]),
+        "gpu": gpu,
+        "seq_len": int(ranked.attrs["seq_len"]),
+        "gbs": int(ranked.attrs["gbs"]),
+        "precision": str(ranked.attrs["precision"]),
+        "space": table.fingerprint(),
+        "steps": opts.steps,
+        "device": device,
+    }
+    sampler = CandidateSampler(table.table, opts.sampler, opts.seed, startup=max(opts.top_k, 1))
+    study = open_study(storage, fingerprint, opts.resume, sampler, str(opts.out))
+    console = Console(stderr=True)
+    with Progress(console) as progress:
+        runner = Runner(study, table, launcher, settings, opts.out, progress)
+        if not opts.resume:
+            runner.record_refused_top()
+            queued = enqueue_top(study, table, min(opts.top_k, opts.trials))
+            console.print(
+                f"measuring up to {opts.trials} of {len(table.runnable())} runnable candidates "
+                f"({opts.executor}, {device}); analytical top {len(queued)} first, then "
+                f"{opts.sampler}; study in {url}",
+                highlight=False,
+            )
+        else:
+            done = len(runner.finished())
+            console.print(f"resuming: {done} finished trial(s) kept", highlight=False)
+        runner.run()
+    trials = summary.trials_frame(study)
+    ranking = summary.ranking(table, trials)
+    _write(opts.out, ranked, trials, ranking)
+    summary.show(ranking, trials, 10, Console())
+    console.print(f"wrote {opts.out}/trials.csv, measured.csv and report.html", highlight=False)
+    measured_any = len(trials) > 0 and bool((trials["class"] == "ok").any())
+    return 0 if measured_any else 1
+
+
+def _write(out: Path, ranked: pd.DataFrame, trials: pd.DataFrame, ranking: pd.DataFrame) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    files.write_search(ranked, out, measured=ranking)
+    for name, frame in (("trials.csv", trials), ("measured.csv", ranking)):
+        tmp = out / f".{name}.tmp"
+        frame.to_csv(tmp, index=False)
+        tmp.replace(out / name)
+
+
+def _faults() -> dict[int, str]:
+    spec = os.environ.get(FAULTS_ENV, "")
+    out = {}
+    for item in filter(None, spec.split(",")):
+        number, _, fault = item.partition(":")
+        out[int(number)] = fault
+    return out

@@ -1,0 +1,130 @@
+"""The measured search's ranking: measured throughput where a layout was measured, the
+prediction otherwise (scaled by the median measured/predicted ratio, so the two are comparable),
+side by side with the model's error; failures at the bottom with their class and reason."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import optuna
+import pandas as pd
+from optuna.trial import TrialState
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from autoconfig.measure.candidates import Candidates
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per trial with its layout, state, class, reason and figures (trials.csv)."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.WAITING:
+            continue
+        a = t.user_attrs
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name.lower(),
+                "class": a.get("failure_class", "running" if t.state == TrialState.RUNNING else ""),
+                "key": a.get("key", ""),
+                "layout": a.get("label", ""),
+                "source": a.get("source", "sampler"),
+                "analytical_rank": a.get("analytical_rank"),
+                "pred_tokens_per_s_per_gpu": a.get("pred_tokens_per_s_per_gpu"),
+                "measured_tokens_per_s_per_gpu": t.value
+                if t.state == TrialState.COMPLETE
+                else None,
+                "error_pct": _error(a.get("pred_tokens_per_s_per_gpu"), t.value)
+                if t.state == TrialState.COMPLETE
+                else None,
+                "pred_peak_mem_gb": a.get("pred_peak_mem_gb"),
+                "measured_peak_mem_gb": a.get("measured_peak_mem_gb"),
+                "wall_s": a.get("wall_s"),
+                "overhead_s": a.get("overhead_s"),
+                "reason": a.get("reason", ""),
+                "run_dir": a.get("run_dir", ""),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _error(pred: float | None, measured: float | None) -> float | None:
+    if not pred or not measured:
+        return None
+    return 100.0 * (pred - measured) / measured
+
+
+def ranking(candidates: Candidates, trials: pd.DataFrame) -> pd.DataFrame:
+    """Every candidate, best first by measured-else-scaled-predicted throughput."""
+    table = candidates.table[["key", "label", "analytical_rank", "pred_tokens_per_s_per_gpu"]]
+    table = table.copy()
+    last = trials.drop_duplicates("key", keep="last").set_index("key") if len(trials) else None
+    table["class"] = ""
+    table["measured_tokens_per_s_per_gpu"] = float("nan")
+    table["reason"] = ""
+    if last is not None:
+        known = table["key"].isin(last.index)
+        table.loc[known, "class"] = table.loc[known, "key"].map(last["class"])
+        table.loc[known, "measured_tokens_per_s_per_gpu"] = table.loc[known, "key"].map(
+            last["measured_tokens_per_s_per_gpu"]
+        )
+        table.loc[known, "reason"] = table.loc[known, "key"].map(last["reason"])
+    measured = table["measured_tokens_per_s_per_gpu"].notna()
+    ratios = (
+        table.loc[measured, "measured_tokens_per_s_per_gpu"]
+        / table.loc[measured, "pred_tokens_per_s_per_gpu"]
+    )
+    scale = statistics.median(ratios) if len(ratios) else 1.0
+    table["scaled_pred_tokens_per_s_per_gpu"] = table["pred_tokens_per_s_per_gpu"] * scale
+    table["ranked_by"] = measured.map({True: "measured", False: "predicted"})
+    failed = table["class"].isin(["oom", "timeout", "crash", "launch", "invalid"])
+    table.loc[failed, "ranked_by"] = table.loc[failed, "class"]
+    table["score"] = table["measured_tokens_per_s_per_gpu"].where(
+        measured, table["scaled_pred_tokens_per_s_per_gpu"]
+    )
+    table.loc[failed, "score"] = -1.0
+    table["error_pct"] = 100.0 * (
+        table["pred_tokens_per_s_per_gpu"] / table["measured_tokens_per_s_per_gpu"] - 1.0
+    )
+    table = table.sort_values(["score", "analytical_rank"], ascending=[False, True])
+    table.insert(0, "rank", range(1, len(table) + 1))
+    table.attrs["scale"] = scale
+    return table.reset_index(drop=True)
+
+
+def show(ranked: pd.DataFrame, trials: pd.DataFrame, top: int, console: Console) -> None:
+    measured = trials[trials["class"] == "ok"] if len(trials) else trials
+    table = Table(
+        title="measured search: measured where measured, predicted otherwise", show_header=True
+    )
+    for col in ("#", "layout", "ranked by", "measured tok/s/GPU", "predicted", "model error"):
+        table.add_column(col, justify="left" if col in ("layout", "ranked by") else "right")
+    shown = ranked[(ranked["ranked_by"] == "measured") | (ranked.index < top)]
+    for _, r in shown.head(max(top, len(measured))).iterrows():
+        m = r["measured_tokens_per_s_per_gpu"]
+        table.add_row(
+            str(r["rank"]),
+            escape(r["label"]),
+            r["ranked_by"],
+            "-" if math.isnan(m) else f"{m:,.0f}",
+            f"{r['pred_tokens_per_s_per_gpu']:,.0f}",
+            "-" if math.isnan(r["error_pct"]) else f"{r['error_pct']:+.0f}%",
+        )
+    console.print(table)
+    if len(measured):
+        errors = measured["error_pct"].abs().dropna()
+        console.print(
+            f"{len(measured)} measured; the model's median absolute error on them "
+            f"{errors.median():.0f}%; unmeasured predictions scaled by "
+            f"{ranked.attrs['scale']:.3g} (median measured/predicted)"
+        )
+    failures = trials[~trials["class"].isin(["ok", "running"])] if len(trials) else trials
+    for _, f in failures.iterrows():
+        where = f"trial {f['trial']}" if f["trial"] >= 0 else "not run"
+        console.print(
+            f"[yellow]{f['class']}[/yellow] {where} {escape(f['layout'])}: {escape(f['reason'])}",
+            highlight=False,
+        )
