@@ -203,6 +203,8 @@ def search(
         raise UserError("profile: give --profile or --gpu, not both")
     on_cpu = measure and (device == DeviceOpt.cpu or (device == DeviceOpt.auto and not _has_cuda()))
     gpu = profile or gpu or ("cpu-gloo" if on_cpu else "h100-sxm-80gb")
+    if measure and trial_memory_gb is not None and max_memory_gb is None:
+        max_memory_gb = trial_memory_gb  # predict against the cap the trials will run under
     if on_cpu and gbs is None:
         gbs = 4 * gpus  # CPU trials: a few sequences per rank, not a GPU cluster's ~2-4M tokens
     if measure and out is None:
@@ -289,11 +291,12 @@ def _has_cuda() -> bool:
 def calibrate(
     run: Path = typer.Argument(..., help="a measured search's --out folder"),
     write: Path = typer.Option(None, help="where to write the calibrated profile YAML"),
+    storage: str = typer.Option(None, help="the study's Optuna storage URL, if not in RUN"),
 ) -> None:
     """Fit the GPU profile's efficiency constants to a measured search's trials."""
     from autoconfig.measure import calibrate as calib
 
-    calib.run(run, write)
+    calib.run(run, write, storage)
 
 
 @app.command()

@@ -39,7 +39,16 @@ TIME_PARAMS = {
 
 def _chip_of(gpu_names: pd.Series) -> pd.Series:
     known = catalog.gpus()
-    return gpu_names.str.strip().str.lower().map(lambda n: known[n].chip if n in known else "")
+
+    def chip(name: str) -> str:
+        if name.strip().lower() in known:
+            return known[name.strip().lower()].chip
+        try:  # a profile file
+            return catalog.get_gpu(name.strip()).chip
+        except Exception:
+            return ""
+
+    return gpu_names.astype(str).map(chip)
 
 
 def _with_params(
@@ -60,10 +69,16 @@ def _with_params(
 
 
 def fit_time(
-    runs: pd.DataFrame, measured: pd.Series, start: dict[str, Efficiency]
+    runs: pd.DataFrame,
+    measured: pd.Series,
+    start: dict[str, Efficiency],
+    only: tuple[str, ...] | None = None,
+    bounds: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[dict[str, dict[str, float]], float]:
     """Fits TIME_PARAMS per chip on rows with a measured tokens/s/GPU; returns the constants
-    by chip and the robust cost."""
+    by chip and the robust cost. `only` limits the fit to some constants (few measurements
+    cannot pin all ten); `bounds` widens or narrows their ranges."""
+    bounds = bounds or {}
     x, errors, _ = prepare(runs)
     use = ((errors == "") & measured.notna()).to_numpy()
     chips = _chip_of(runs["gpu"]).to_numpy()
@@ -72,11 +87,11 @@ def fit_time(
     for chip in sorted(set(chips[use])):
         has_fp8 = bool((fp8[use & (chips == chip)] > 0).any())
         for name in TIME_PARAMS:
-            if name != "gemm_fp8" or has_fp8:
+            if (name != "gemm_fp8" or has_fp8) and (only is None or name in only):
                 names.append((chip, name))
     x0 = np.array([getattr(start[c], n) or start[c].gemm for c, n in names])
-    lo = np.array([TIME_PARAMS[n][2] for _, n in names])
-    hi = np.array([TIME_PARAMS[n][3] for _, n in names])
+    lo = np.array([bounds.get(n, TIME_PARAMS[n][2:])[0] for _, n in names])
+    hi = np.array([bounds.get(n, TIME_PARAMS[n][2:])[1] for _, n in names])
     target = np.log(measured.to_numpy()[use])
 
     def unpack(theta: np.ndarray) -> dict[str, dict[str, float]]:

@@ -241,13 +241,14 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
     hw: dict[str, np.ndarray] = {}
     for name in gpu_names.unique():
         rows = (gpu_names == name).to_numpy()
-        if name not in known:
+        if name in known:
+            gpu = known[name]
+        else:  # a profile file (autoconfig calibrate's output), named by its path
             try:
-                catalog.get_gpu(name)
+                gpu = catalog.get_gpu(str(df.loc[rows, "gpu"].iloc[0]).strip())
             except UserError as exc:
                 err.add(rows, str(exc))
-            continue
-        gpu = known[name]
+                continue
         for prec in precision[rows].unique():
             sel = rows & (precision == prec).to_numpy()
             if prec == "fp8" and "fp8" not in gpu.peak_tflops:

@@ -65,8 +65,15 @@ def _metrics(cfg: TrainConfig, run_dir: Path) -> RunMetrics:
     return assemble(cfg, run_dir, cfg.world)
 
 
+# A rank that lost its peer says so; the peer's own message is the cause worth reporting.
+COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "wrote no result")
+
+
 def _first(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else ""
+    """The root cause first: ranks' own failures before their peers' lost connections."""
+    parts = [p.strip() for p in message.split("; ") if p.strip()]
+    parts.sort(key=lambda p: any(c in p for c in COLLATERAL))
+    return "; ".join(parts).splitlines()[0] if parts else ""
 
 
 def _timing(run_dir: Path) -> list[dict]:
