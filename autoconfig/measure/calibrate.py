@@ -21,7 +21,7 @@ from autoconfig.fit import fit_time
 from autoconfig.frame import prepare
 from autoconfig.measure.study import STUDY_NAME, exists, open_storage, storage_url
 from autoconfig.specs import GPUSpec
-from autoconfig.trainer.config import load_config
+from autoconfig.trainer.config import TrainConfig, load_config
 
 # What a handful of trials on one machine can pin down; the inter-node constants need trials
 # that cross nodes and join the fit only then.
@@ -54,49 +54,62 @@ def measured_runs(run: Path, storage: str | None = None) -> pd.DataFrame:
     if not exists(store):
         raise UserError(f"run: no measured search in '{url}'")
     study = optuna.load_study(study_name=STUDY_NAME, storage=store)
-    rows = []
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        cfg = load_config(Path(t.user_attrs["run_dir"]) / "config.json")
-        spec = cfg.trained_spec()
-        gpu = cfg.gpu or "h100-sxm-80gb"
-        rows.append(
-            {
-                "run_id": f"trial-{t.number}",
-                "model": spec.name,
-                "layers": spec.layers,
-                "hidden": spec.hidden,
-                "heads": spec.heads,
-                "kv_heads": spec.kv_heads,
-                "ffn_hidden": spec.ffn_hidden,
-                "vocab": spec.vocab,
-                "tied_embeddings": "y" if spec.tied_embeddings else "n",
-                "norm": spec.norm,
-                "mlp": spec.mlp,
-                "position": spec.position,
-                "seq_len": cfg.seq(spec),
-                "gpu": gpu,
-                "num_gpus": cfg.world,
-                "tp": cfg.tp,
-                "pp": cfg.pp,
-                "vp": cfg.vp,
-                "cp": cfg.cp,
-                "ep": cfg.ep,
-                "dp": cfg.resolved_dp,
-                "sp": "y" if cfg.sp else "n",
-                "zero": cfg.zero,
-                "recompute": cfg.recompute,
-                "recompute_layers": cfg.recompute_layers if cfg.recompute == "full" else None,
-                "mbs": cfg.mbs,
-                "gbs": cfg.global_batch,
-                "precision": "bf16",
-                "sp_saves_gathered": "y",
-                "measured_tokens_per_s_per_gpu": t.value,
-                "status": "ok",
-            }
-        )
+    rows = [
+        run_row(load_config(Path(t.user_attrs["run_dir"]) / "config.json"), t.value, t.number)
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    ]
     if not rows:
         raise UserError(f"run: '{run}' has no successful trial to calibrate on")
     return pd.DataFrame(rows)
+
+
+def run_row(cfg: TrainConfig, measured: float | None, number: int) -> dict[str, object]:
+    """A trial as a row of training_runs.csv's columns."""
+    spec = cfg.trained_spec()
+    return {
+        "run_id": f"trial-{number}",
+        "model": spec.name,
+        "layers": spec.layers,
+        "hidden": spec.hidden,
+        "heads": spec.heads,
+        "kv_heads": spec.kv_heads,
+        "ffn_hidden": spec.ffn_hidden,
+        "vocab": spec.vocab,
+        "tied_embeddings": "y" if spec.tied_embeddings else "n",
+        "norm": spec.norm,
+        "mlp": spec.mlp,
+        "position": spec.position,
+        "seq_len": cfg.seq(spec),
+        "gpu": cfg.gpu or "h100-sxm-80gb",
+        "num_gpus": cfg.world,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "vp": cfg.vp,
+        "cp": cfg.cp,
+        "ep": cfg.ep,
+        "dp": cfg.resolved_dp,
+        "sp": "y" if cfg.sp else "n",
+        "zero": cfg.zero,
+        "recompute": cfg.recompute,
+        "recompute_layers": cfg.recompute_layers if cfg.recompute == "full" else None,
+        "mbs": cfg.mbs,
+        "gbs": cfg.global_batch,
+        "precision": "bf16",
+        "sp_saves_gathered": "y",  # the bundled trainer's DTensor SP
+        "measured_tokens_per_s_per_gpu": measured,
+        "status": "ok",
+    }
+
+
+def fit(runs: pd.DataFrame, base: GPUSpec) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+    """The refitted constants and the predictions before and after."""
+    measured = runs["measured_tokens_per_s_per_gpu"].astype(float)
+    per_node = base.cluster.gpus_per_node
+    only = LOCAL_PARAMS + (NETWORK_PARAMS if (runs["num_gpus"] > per_node).any() else ())
+    before = predictions(runs)
+    fitted, _ = fit_time(runs, measured, {base.chip: base.efficiency}, only, BOUNDS)
+    constants = fitted[base.chip]
+    return constants, before, predictions(runs, constants)
 
 
 def predictions(runs: pd.DataFrame, constants: dict[str, float] | None = None) -> np.ndarray:
@@ -124,12 +137,7 @@ def run(run_dir: Path, write: Path | None, storage: str | None = None) -> None:
         raise UserError(f"run: trials use several GPU profiles ({', '.join(gpus)})")
     base = catalog.get_gpu(str(gpus[0]))
     measured = runs["measured_tokens_per_s_per_gpu"].astype(float)
-    per_node = base.cluster.gpus_per_node
-    only = LOCAL_PARAMS + (NETWORK_PARAMS if (runs["num_gpus"] > per_node).any() else ())
-    before = predictions(runs)
-    fitted, _ = fit_time(runs, measured, {base.chip: base.efficiency}, only, BOUNDS)
-    constants = fitted[base.chip]
-    after = predictions(runs, constants)
+    constants, before, after = fit(runs, base)
     err_before = np.abs(before / measured.to_numpy() - 1) * 100
     err_after = np.abs(after / measured.to_numpy() - 1) * 100
     show(runs, measured, before, after, base, constants)

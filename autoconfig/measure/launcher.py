@@ -5,6 +5,7 @@ outlived the search process."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -57,21 +58,20 @@ class Job:
         return self.kind == "slurm" and _slurm_state(self.job_id) in ("PENDING", "CONFIGURING")
 
     def cancel(self, hard: bool = False) -> None:
+        """Stop the job. Local ranks get SIGKILL at once: submitit's tasks treat SIGTERM as a
+        preemption notice and carry on, and a hung rank would ignore it anyway."""
         if self.kind == "local":
             pid = int(self.job_id)
-            try:  # the controller forwards SIGTERM to every rank; SIGKILL is the backstop
-                os.kill(pid, signal.SIGKILL if hard else signal.SIGTERM)
-                if hard:
-                    for child in _children(pid):
-                        os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            victims = [*_children(pid), pid]  # before the controller dies and they are orphaned
+            for victim in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+            process = getattr(self.handle, "_process", None)
+            if process is not None:
+                process.poll()  # reap it
             return
-        subprocess.run(
-            ["scancel", "--signal=KILL" if hard else "--full", self.job_id],
-            check=False,
-            capture_output=True,
-        )
+        flag = "--signal=KILL" if hard else "--full"
+        subprocess.run(["scancel", flag, self.job_id], check=False, capture_output=True)
 
     def log_tail(self, lines: int = 12) -> str:
         """The last lines the ranks wrote to stderr (rank 0 first), for crash reports."""

@@ -1,0 +1,183 @@
+"""Measured search end to end on this machine's CPU: real trainer runs through submitit's local
+executor and through SLURM (sbatch -> srun, 2 gloo ranks), injected failures of every class,
+and a search killed with SIGKILL then resumed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+from optuna.trial import TrialState
+
+from autoconfig.measure.candidates import DIMS, key_of
+
+CLI = [sys.executable, "-m", "autoconfig.cli", "search", "--model", "tiny-llama"]
+CPU = ["--measure", "--device", "cpu", "--steps", "3", "--warmup", "1"]
+
+
+def search(out: Path, *args: str, env: dict | None = None, timeout: int = 600):
+    return subprocess.run(
+        [*CLI, *CPU, "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def study_of(out: Path) -> optuna.Study:
+    return optuna.load_study(study_name="autoconfig", storage=f"sqlite:///{out / 'study.db'}")
+
+
+def complete_keys(study: optuna.Study) -> list[str]:
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    return [key_of({d: t.params[d] for d in DIMS}) for t in done]
+
+
+@pytest.fixture(scope="module")
+def local_search(tmp_path_factory):
+    out = tmp_path_factory.mktemp("measured") / "run"
+    done = search(out, "--gpus", "4", "--trials", "4")
+    return out, done
+
+
+def test_local_measured_search_ranks_measured_trials(local_search) -> None:
+    out, done = local_search
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = pd.read_csv(out / "trials.csv")
+    assert (trials["class"] == "ok").sum() == 4
+    assert trials["key"].is_unique
+    assert (trials["measured_tokens_per_s_per_gpu"] > 0).all()
+    # The analytical top 3 were measured first, in predicted order.
+    first = trials.sort_values("trial").head(3)
+    assert first["analytical_rank"].tolist() == sorted(first["analytical_rank"])
+    assert (first["source"] == "analytical top-k").all()
+    ranked = pd.read_csv(out / "measured.csv")
+    measured = ranked[ranked["ranked_by"] == "measured"]
+    assert len(measured) == 4
+    assert measured["measured_tokens_per_s_per_gpu"].is_monotonic_decreasing
+    assert "Measured trials" in (out / "report.html").read_text()
+    assert "measured search: measured where measured" in done.stdout
+    # Each trial's metrics.json holds the trainer's measurement and the run folder.
+    for run_dir in trials["run_dir"]:
+        assert (Path(run_dir) / "metrics.json").exists()
+    # The search's own work around each trial (launch, polling, collection) stays small.
+    assert trials["overhead_s"].median() < 10
+
+
+def test_resume_of_another_search_is_refused_and_leaves_the_study(local_search) -> None:
+    out, _ = local_search
+    before = len(study_of(out).get_trials())
+    done = search(out, "--gpus", "4", "--trials", "4", "--resume", "--seq-len", "64")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("error: resume:")
+    assert "seq_len 128 (now 64)" in done.stderr
+    again = search(out, "--gpus", "4", "--trials", "4")  # no --resume on a used folder
+    assert again.returncode == 2 and "add --resume" in again.stderr
+    assert len(study_of(out).get_trials()) == before
+
+
+def test_every_failure_class_is_recorded_and_the_study_completes(tmp_path) -> None:
+    out = tmp_path / "faults"
+    faults = {"AUTOCONFIG_MEASURE_FAULTS": "1:alloc@0,2:sleep@1,3:crash@1"}
+    started = time.time()
+    done = search(
+        out, "--gpus", "2", "--trials", "4", "--trial-memory-gb", "2",
+        "--trial-timeout-min", "0.5", env=faults,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = pd.read_csv(out / "trials.csv").set_index("trial")
+    assert trials["class"].to_dict() == {0: "ok", 1: "oom", 2: "timeout", 3: "crash"}
+    assert "can't allocate memory" in trials.loc[1, "reason"]
+    assert "memory verdict was wrong" in trials.loc[1, "reason"]
+    assert "killed at the 30 s trial limit" in trials.loc[2, "reason"]
+    assert trials.loc[2, "wall_s"] < 30 + 20  # killed, not hung
+    assert trials.loc[3, "reason"].startswith("rank 1: RuntimeError: crash injected")
+    states = {t.number: t.state for t in study_of(out).get_trials()}
+    assert states[0] == TrialState.COMPLETE
+    assert {states[1], states[2], states[3]} == {TrialState.FAIL}
+    assert time.time() - started < 400
+    # The folder's ranks are gone: nothing left running after the search.
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path) -> None:
+    out = tmp_path / "killed"
+    args = [*CLI, *CPU, "--out", str(out), "--gpus", "1", "--trials", "5"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    kept: list[str] = []
+    while time.time() < deadline:
+        time.sleep(0.5)
+        if (out / "study.db").exists():
+            try:
+                kept = complete_keys(study_of(out))
+            except Exception:  # the database is being created
+                continue
+            if len(kept) >= 2:
+                break
+    assert len(kept) >= 2, "the search did not finish two trials in time"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = search(out, "--gpus", "1", "--trials", "5", "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming:" in done.stderr
+    keys = complete_keys(study_of(out))
+    assert set(kept) <= set(keys)  # nothing finished was lost
+    assert len(keys) == len(set(keys))  # nothing was measured twice
+    trials = pd.read_csv(out / "trials.csv")
+    counted = trials[trials["class"].isin(["ok", "oom", "timeout", "crash", "launch"])]
+    assert len(counted) == 5
+
+
+def _slurm_up() -> str | None:
+    """Why SLURM cannot be used here, or None when sinfo sees an idle node."""
+    if shutil.which("sbatch") is None:
+        return "no sbatch on PATH (CI starts a one-node cluster with .ci/slurm_up.sh)"
+    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout.strip():
+        return f"sinfo sees no cluster ({done.stderr.strip()[:200]})"
+    return None
+
+
+@pytest.fixture
+def slurm() -> None:
+    reason = _slurm_up()
+    if reason and os.environ.get("AUTOCONFIG_REQUIRE_SLURM"):
+        pytest.fail(f"SLURM is required here but {reason}")
+    if reason:
+        pytest.skip(reason)
+
+
+def test_slurm_measured_search_end_to_end(tmp_path, slurm) -> None:
+    out = tmp_path / "slurm"
+    bad = search(
+        out, "--gpus", "2", "--executor", "slurm", "--gpus-per-node", "2",
+        "--slurm-partition", "no-such-partition",
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: slurm: the cluster refused")
+    assert not (out / "study.db").exists()
+    done = search(
+        out, "--gpus", "2", "--executor", "slurm", "--gpus-per-node", "2", "--trials", "4",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = pd.read_csv(out / "trials.csv")
+    assert (trials["class"] == "ok").sum() == 4 and trials["key"].is_unique
+    for t in study_of(out).get_trials(states=(TrialState.COMPLETE,)):
+        assert t.user_attrs["executor"] == "slurm"
+        assert int(t.user_attrs["job_id"]) > 0  # a real SLURM job id
+        logs = list((Path(t.user_attrs["run_dir"]) / "submitit").glob("*_1_log.out"))
+        assert logs, "srun started a second task"
+    ranked = pd.read_csv(out / "measured.csv")
+    assert (ranked["ranked_by"] == "measured").sum() == 4
+    assert ranked.loc[0, "ranked_by"] in ("measured", "predicted")

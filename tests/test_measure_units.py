@@ -1,0 +1,145 @@
+"""Measured search without launching anything: the sampler stays on untried candidates, the
+analytical top-k go first, resume checks, the ranking and the calibration fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+from autoconfig import api, catalog
+from autoconfig.errors import UserError
+from autoconfig.measure import calibrate, summary
+from autoconfig.measure.candidates import DIMS, build, key_of
+from autoconfig.measure.sampler import CandidateSampler, distributions
+from autoconfig.measure.study import enqueue_top, open_storage, open_study
+
+OVERRIDES = {"steps": 3, "warmup": 1, "device": "cpu", "gpu": "cpu-gloo"}
+
+
+@pytest.fixture(scope="module")
+def candidates():
+    ranked = api.search("tiny-llama", 4, "cpu-gloo", gbs=16)
+    return build(ranked, "tiny-llama", 1000, OVERRIDES)
+
+
+def _study(candidates, kind: str, url: str = "sqlite:///:memory:") -> optuna.Study:
+    sampler = CandidateSampler(candidates.table, kind, seed=1, startup=3)
+    return open_study(open_storage(url), {"model": "tiny-llama"}, False, sampler, "memory")
+
+
+def _fake_measure(row: pd.Series) -> float:
+    # A made-up truth that disagrees with the model: pipelines and big micro-batches win.
+    return float(row["pred_tokens_per_s_per_gpu"] * (1 + 0.3 * row["pp"]) * (1 + 0.1 * row["mbs"]))
+
+
+def test_candidates_are_feasible_and_checked_by_the_trainer(candidates) -> None:
+    table = candidates.table
+    assert table["key"].is_unique
+    assert table["analytical_rank"].tolist() == list(range(1, len(table) + 1))
+    # The trainer runs ZeRO-1 through DDP's ZeroRedundancyOptimizer, which cannot shard
+    # DTensor parameters: those layouts carry the trainer's reason and are never proposed.
+    zero1_tp = (table["zero"] == 1) & (table["tp"] > 1)
+    assert zero1_tp.any() and table.loc[zero1_tp, "refused"].str.startswith("zero:").all()
+    assert (table.loc[~zero1_tp, "refused"].str.startswith("zero:")).sum() == 0
+    assert (table["refused"] == "").sum() > 100
+
+
+@pytest.mark.parametrize("kind", ["tpe", "random", "grid", "model", "gp"])
+def test_sampler_never_repeats_and_stays_on_runnable_candidates(candidates, kind) -> None:
+    study = _study(candidates, kind)
+    queued = enqueue_top(study, candidates, 3)
+    space = distributions(candidates.table)
+    runnable = set(candidates.runnable()["key"])
+    seen = []
+    trials = 12 if kind != "gp" else 6
+    for _ in range(trials):
+        trial = study.ask(space)
+        key = key_of({d: trial.params[d] for d in DIMS})
+        seen.append(key)
+        study.tell(trial, _fake_measure(candidates.by_key(key)))
+    assert len(set(seen)) == len(seen)
+    assert set(seen) <= runnable
+    assert seen[:3] == queued  # the analytical top-k are measured first
+    assert queued == candidates.runnable().sort_values("analytical_rank")["key"].head(3).tolist()
+    if kind == "grid":
+        order = candidates.runnable().sort_values("grid_order")["key"].tolist()
+        rest = [k for k in order if k not in queued]
+        assert seen[3:] == rest[: trials - 3]
+
+
+def test_resume_refuses_another_search_and_changes_nothing(tmp_path, candidates) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    sampler = CandidateSampler(candidates.table, "tpe")
+    study = open_study(open_storage(url), {"model": "tiny-llama", "gpus": 4}, False, sampler, "x")
+    enqueue_top(study, candidates, 2)
+    before = len(study.get_trials())
+    with pytest.raises(UserError, match="already holds"):
+        open_study(open_storage(url), {"model": "tiny-llama", "gpus": 4}, False, sampler, "x")
+    with pytest.raises(UserError, match=r"another setting: gpus 4 \(now 8\)"):
+        open_study(open_storage(url), {"model": "tiny-llama", "gpus": 8}, True, sampler, "x")
+    with pytest.raises(UserError, match="no measured search"):
+        open_study(open_storage(f"sqlite:///{tmp_path / 'other.db'}"), {}, True, sampler, "y")
+    again = open_study(open_storage(url), {"model": "tiny-llama", "gpus": 4}, True, sampler, "x")
+    assert len(again.get_trials()) == before
+
+
+def test_unopenable_storage_is_one_line(tmp_path) -> None:
+    with pytest.raises(UserError, match="storage: cannot open"):
+        open_storage(f"sqlite:///{tmp_path}/missing/dir/study.db")
+
+
+def test_ranking_puts_measured_figures_beside_predictions(candidates) -> None:
+    rows = candidates.runnable().head(3)
+    trials = pd.DataFrame(
+        [
+            {"trial": 0, "key": rows["key"].iloc[0], "class": "ok", "reason": "",
+             "measured_tokens_per_s_per_gpu": rows["pred_tokens_per_s_per_gpu"].iloc[0] / 2},
+            {"trial": 1, "key": rows["key"].iloc[1], "class": "ok", "reason": "",
+             "measured_tokens_per_s_per_gpu": rows["pred_tokens_per_s_per_gpu"].iloc[1]},
+            {"trial": 2, "key": rows["key"].iloc[2], "class": "oom", "reason": "too big",
+             "measured_tokens_per_s_per_gpu": None},
+        ]
+    )  # fmt: skip
+    ranked = summary.ranking(candidates, trials)
+    measured = ranked[ranked["ranked_by"] == "measured"]
+    assert len(measured) == 2
+    assert measured["error_pct"].round(1).tolist() == [0.0, 100.0]
+    assert ranked.attrs["scale"] == pytest.approx(0.75)  # median of 0.5 and 1.0
+    oom = ranked[ranked["key"] == rows["key"].iloc[2]].iloc[0]
+    assert oom["ranked_by"] == "oom" and oom["rank"] == len(ranked)  # failures go last
+    unmeasured = ranked[ranked["ranked_by"] == "predicted"]
+    np.testing.assert_allclose(unmeasured["score"], unmeasured["pred_tokens_per_s_per_gpu"] * 0.75)
+
+
+def test_calibration_recovers_constants_it_was_not_given(tmp_path, candidates) -> None:
+    """'Measurements' made by the cost model under other attention efficiency and collective
+    latency than cpu-gloo's: the fit, started from cpu-gloo, must bring the error near zero."""
+    truth = {"attention": 0.25, "intra_node_latency_us": 400.0}
+    keys = candidates.runnable()["key"].iloc[::8].head(16)  # varied layouts
+    frame = pd.DataFrame(
+        [calibrate.run_row(candidates.config(k), None, i) for i, k in enumerate(keys)]
+    )
+    measured = calibrate.predictions(frame, truth)
+    frame["measured_tokens_per_s_per_gpu"] = measured
+    base = catalog.get_gpu("cpu-gloo")
+    constants, before, after = calibrate.fit(frame, base)
+    assert np.median(np.abs(before / measured - 1)) > 0.05
+    assert np.median(np.abs(after / measured - 1)) < 0.001
+    profile = calibrate.calibrated_profile(
+        base,
+        constants,
+        frame,
+        tmp_path,
+        np.abs(before / measured - 1),
+        np.abs(after / measured - 1),
+    )
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    loaded = catalog.get_gpu(str(path))  # a profile by path, as --profile takes it
+    assert loaded.name == "cpu-gloo-calibrated"
+    assert "16 measured trials" in loaded.efficiency.provenance
+    ranked = api.search("tiny-llama", 4, str(path), gbs=16)
+    assert ranked.attrs["feasible"] > 0
