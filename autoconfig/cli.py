@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 
@@ -208,7 +209,9 @@ def search(
     if on_cpu and gbs is None:
         gbs = 4 * gpus  # CPU trials: a few sequences per rank, not a GPU cluster's ~2-4M tokens
     if measure and out is None:
-        raise UserError("out: a measured search needs --out (its study and trials live there)")
+        if resume:
+            raise UserError("out: --resume needs the --out folder of the search to continue")
+        out = Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
     print(f"searching {model} on {gpus} GPUs ...", file=sys.stderr)
     ranked = api.search(
         model,

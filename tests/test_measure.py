@@ -167,12 +167,36 @@ def test_slurm_measured_search_end_to_end(tmp_path, slurm) -> None:
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: slurm: the cluster refused")
     assert not (out / "study.db").exists()
-    done = search(
-        out, "--gpus", "2", "--executor", "slurm", "--gpus-per-node", "2", "--trials", "4",
+    args = ["--gpus", "2", "--executor", "slurm", "--gpus-per-node", "2", "--trials", "4"]
+    # Kill the search (SIGKILL) while a SLURM job runs; --resume must wait for that job.
+    proc = subprocess.Popen(
+        [*CLI, *CPU, "--out", str(out), *args], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    running_at_kill = None
+    deadline = time.time() + 300
+    while time.time() < deadline and running_at_kill is None:
+        time.sleep(0.3)
+        if not (out / "study.db").exists():
+            continue
+        try:
+            trials = study_of(out).get_trials()
+        except Exception:  # the database is being created
+            continue
+        done_count = sum(t.state == TrialState.COMPLETE for t in trials)
+        live = [t for t in trials if t.state == TrialState.RUNNING and "job_id" in t.user_attrs]
+        if done_count >= 1 and live:
+            running_at_kill = live[0].number
+    assert running_at_kill is not None, "no SLURM trial was seen running"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = search(out, *args, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     trials = pd.read_csv(out / "trials.csv")
     assert (trials["class"] == "ok").sum() == 4 and trials["key"].is_unique
+    states = {t.number: t for t in study_of(out).get_trials()}
+    # The job outlived the search: its result was waited for (or collected), not re-run.
+    assert states[running_at_kill].state == TrialState.COMPLETE
     for t in study_of(out).get_trials(states=(TrialState.COMPLETE,)):
         assert t.user_attrs["executor"] == "slurm"
         assert int(t.user_attrs["job_id"]) > 0  # a real SLURM job id
@@ -180,4 +204,3 @@ def test_slurm_measured_search_end_to_end(tmp_path, slurm) -> None:
         assert logs, "srun started a second task"
     ranked = pd.read_csv(out / "measured.csv")
     assert (ranked["ranked_by"] == "measured").sum() == 4
-    assert ranked.loc[0, "ranked_by"] in ("measured", "predicted")
