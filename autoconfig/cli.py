@@ -164,7 +164,7 @@ def search(
     measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
     trials: int = typer.Option(8, help="finished trials to run", rich_help_panel=MEASURE),
     sampler: SamplerOpt = typer.Option(
-        SamplerOpt.tpe, help="after the analytical top-k", rich_help_panel=MEASURE
+        SamplerOpt.model, help="after the analytical top-k", rich_help_panel=MEASURE
     ),
     enqueue_top: int = typer.Option(
         3, help="analytical best measured first", rich_help_panel=MEASURE

@@ -28,7 +28,7 @@ FAULTS_ENV = "AUTOCONFIG_MEASURE_FAULTS"  # testing: "1:alloc@0,2:sleep@0" trial
 class MeasureOptions:
     out: Path
     trials: int = 8
-    sampler: str = "tpe"
+    sampler: str = "model"
     executor: str = "local"
     device: str = "auto"
     parallel: int = 1
