@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import optuna
@@ -35,6 +37,24 @@ def search(out: Path, *args: str, env: dict | None = None, timeout: int = 600):
 
 def study_of(out: Path) -> optuna.Study:
     return optuna.load_study(study_name="autoconfig", storage=f"sqlite:///{out / 'study.db'}")
+
+
+def peek(out: Path) -> tuple[int, list[int]]:
+    """(finished trials, numbers of running trials with a job) read through a read-only SQLite
+    connection: polling must not write to the study the search is writing."""
+    db = out / "study.db"
+    if not db.exists():
+        return 0, []
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as con:
+            done = con.execute("select count(*) from trials where state = 'COMPLETE'").fetchone()
+            live = con.execute(
+                "select t.number from trials t join trial_user_attributes a "
+                "on a.trial_id = t.trial_id where t.state = 'RUNNING' and a.key = 'job_id'"
+            ).fetchall()
+    except sqlite3.Error:  # not created yet, or busy
+        return 0, []
+    return int(done[0]), [int(n) for (n,) in live]
 
 
 def complete_keys(study: optuna.Study) -> list[str]:
@@ -113,21 +133,15 @@ def test_every_failure_class_is_recorded_and_the_study_completes(tmp_path) -> No
 def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path) -> None:
     out = tmp_path / "killed"
     args = [*CLI, *CPU, "--out", str(out), "--gpus", "1", "--trials", "5"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = (tmp_path / "search.log").open("w")
+    proc = subprocess.Popen(args, stdout=log, stderr=log)
     deadline = time.time() + 300
-    kept: list[str] = []
-    while time.time() < deadline:
+    while time.time() < deadline and peek(out)[0] < 2 and proc.poll() is None:
         time.sleep(0.5)
-        if (out / "study.db").exists():
-            try:
-                kept = complete_keys(study_of(out))
-            except Exception:  # the database is being created
-                continue
-            if len(kept) >= 2:
-                break
-    assert len(kept) >= 2, "the search did not finish two trials in time"
+    assert peek(out)[0] >= 2, (tmp_path / "search.log").read_text()[-3000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    kept = complete_keys(study_of(out))
     done = search(out, "--gpus", "1", "--trials", "5", "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming:" in done.stderr
@@ -169,24 +183,15 @@ def test_slurm_measured_search_end_to_end(tmp_path, slurm) -> None:
     assert not (out / "study.db").exists()
     args = ["--gpus", "2", "--executor", "slurm", "--gpus-per-node", "2", "--trials", "4"]
     # Kill the search (SIGKILL) while a SLURM job runs; --resume must wait for that job.
-    proc = subprocess.Popen(
-        [*CLI, *CPU, "--out", str(out), *args], stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    log = (tmp_path / "search.log").open("w")
+    proc = subprocess.Popen([*CLI, *CPU, "--out", str(out), *args], stdout=log, stderr=log)
     running_at_kill = None
     deadline = time.time() + 300
-    while time.time() < deadline and running_at_kill is None:
+    while time.time() < deadline and running_at_kill is None and proc.poll() is None:
         time.sleep(0.3)
-        if not (out / "study.db").exists():
-            continue
-        try:
-            trials = study_of(out).get_trials()
-        except Exception:  # the database is being created
-            continue
-        done_count = sum(t.state == TrialState.COMPLETE for t in trials)
-        live = [t for t in trials if t.state == TrialState.RUNNING and "job_id" in t.user_attrs]
-        if done_count >= 1 and live:
-            running_at_kill = live[0].number
+        finished, live = peek(out)
+        if finished >= 1 and live:
+            running_at_kill = live[0]
     assert running_at_kill is not None, "no SLURM trial was seen running"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
