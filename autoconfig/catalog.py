@@ -80,9 +80,11 @@ def get_model(name_or_path: str) -> ModelSpec:
 def get_gpu(name: str) -> GPUSpec:
     """A catalog GPU profile by name, or a profile YAML by path (`autoconfig calibrate` writes
     these)."""
+    name = name.strip()
     if name.endswith((".yaml", ".yml")) or os.path.sep in name:
         return gpu_from_file(Path(name))
     catalog = gpus()
+    name = name.lower()
     if name not in catalog:
         raise UserError(f"gpu: unknown name '{name}'{_closest(name, list(catalog))}")
     return catalog[name]

@@ -19,6 +19,7 @@ from autoconfig import catalog
 from autoconfig.cost.evaluate import evaluate
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.cost.memory import memory
+from autoconfig.errors import UserError
 from autoconfig.frame import prepare
 from autoconfig.specs import GIB, Efficiency
 
@@ -38,20 +39,16 @@ TIME_PARAMS = {
 
 
 def _chip_of(gpu_names: pd.Series) -> pd.Series:
-    known = catalog.gpus()
-
     def chip(name: str) -> str:
-        if name.strip().lower() in known:
-            return known[name.strip().lower()].chip
-        try:  # a profile file
-            return catalog.get_gpu(name.strip()).chip
-        except Exception:
+        try:
+            return catalog.get_gpu(name).chip
+        except UserError:  # prepare() reports the row's error
             return ""
 
     return gpu_names.astype(str).map(chip)
 
 
-def _with_params(
+def with_params(
     x: CostInputs, chips: np.ndarray, fp8: np.ndarray, values: dict[str, dict[str, float]]
 ) -> CostInputs:
     cols: dict[str, np.ndarray] = {}
@@ -101,7 +98,7 @@ def fit_time(
         return out
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        xi = _with_params(x, chips, fp8, unpack(theta))
+        xi = with_params(x, chips, fp8, unpack(theta))
         with np.errstate(all="ignore"):
             tps = evaluate(xi)["pred_tokens_per_s_per_gpu"][use]
         return np.log(np.maximum(tps, 1e-9)) - target

@@ -237,18 +237,14 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
 
     # Hardware columns, looked up once per distinct GPU name.
     gpu_names = _text(df, "gpu")
-    known = catalog.gpus()
     hw: dict[str, np.ndarray] = {}
     for name in gpu_names.unique():
         rows = (gpu_names == name).to_numpy()
-        if name in known:
-            gpu = known[name]
-        else:  # a profile file (autoconfig calibrate's output), named by its path
-            try:
-                gpu = catalog.get_gpu(str(df.loc[rows, "gpu"].iloc[0]).strip())
-            except UserError as exc:
-                err.add(rows, str(exc))
-                continue
+        try:  # a catalog name, or a profile file's path (autoconfig calibrate's output)
+            gpu = catalog.get_gpu(str(df.loc[rows, "gpu"].iloc[0]))
+        except UserError as exc:
+            err.add(rows, str(exc))
+            continue
         for prec in precision[rows].unique():
             sel = rows & (precision == prec).to_numpy()
             if prec == "fp8" and "fp8" not in gpu.peak_tflops:
@@ -283,12 +279,10 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
         arr[bad.to_numpy() | ~np.isfinite(arr)] = fill
         return arr
 
-    if not hw:  # every GPU unknown
+    if not hw:  # every GPU unknown: NaN columns of the right names
+        any_gpu = next(iter(catalog.gpus().values()))
         hw = {
-            k: np.full(len(df), np.nan)
-            for k in hardware_columns(
-                next(iter(known.values())), next(iter(known.values())).cluster, "bf16"
-            )
+            k: np.full(len(df), np.nan) for k in hardware_columns(any_gpu, any_gpu.cluster, "bf16")
         }
     inputs = CostInputs.from_columns(
         {

@@ -17,7 +17,7 @@ from rich.table import Table
 from autoconfig import catalog
 from autoconfig.cost.evaluate import evaluate
 from autoconfig.errors import UserError
-from autoconfig.fit import fit_time
+from autoconfig.fit import fit_time, with_params
 from autoconfig.frame import prepare
 from autoconfig.measure.study import STUDY_NAME, exists, open_storage, storage_url
 from autoconfig.specs import GPUSpec
@@ -117,17 +117,10 @@ def predictions(runs: pd.DataFrame, constants: dict[str, float] | None = None) -
     if (errors != "").any():
         raise UserError(f"run: a trial cannot be estimated ({errors[errors != ''].iloc[0]})")
     if constants:
-        from autoconfig.fit import _with_params
-
-        chips = np.array([_chip(runs["gpu"].iloc[0])] * len(runs))
-        fp8 = np.zeros(len(runs))
-        x = _with_params(x, chips, fp8, {chips[0]: constants})
+        chip = catalog.get_gpu(str(runs["gpu"].iloc[0])).chip
+        x = with_params(x, np.full(len(runs), chip), np.zeros(len(runs)), {chip: constants})
     with np.errstate(all="ignore"):
         return np.broadcast_to(evaluate(x)["pred_tokens_per_s_per_gpu"], (len(runs),)).copy()
-
-
-def _chip(gpu: str) -> str:
-    return catalog.get_gpu(gpu).chip
 
 
 def run(run_dir: Path, write: Path | None, storage: str | None = None) -> None:

@@ -59,8 +59,10 @@ def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int
         raise UserError(f"sampler: '{opts.sampler}' is not one of {', '.join(SAMPLERS)}")
     if opts.executor not in ("local", "slurm"):
         raise UserError(f"executor: '{opts.executor}' is not one of local, slurm")
-    if opts.top_k < 0 or opts.candidates < 1:
-        raise UserError("enqueue-top / candidates: must be >= 0 / >= 1")
+    if opts.top_k < 0:
+        raise UserError(f"enqueue-top: must be 0 or more (got {opts.top_k})")
+    if opts.candidates < 1:
+        raise UserError(f"candidates: must be a positive integer (got {opts.candidates})")
     settings = Settings(
         trials=opts.trials,
         parallel=opts.parallel,

@@ -37,13 +37,18 @@ def _accuracy_note() -> str:
     )
 
 
+def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table id='{table_id}'><tr>{cells}</tr>{body}</table>"
+
+
 def _top_table(top: pd.DataFrame) -> str:
     rows = [top_row(r) for _, r in top.iterrows()]
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in rows[0]) if rows else ""
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r.values()) + "</tr>" for r in rows
-    )
-    return f"<table id='top'><tr>{head}</tr>{body}</table>"
+    head = list(rows[0]) if rows else []
+    return _table("top", head, [list(r.values()) for r in rows])
 
 
 def _scatter(feasible: pd.DataFrame) -> go.Figure:
@@ -99,16 +104,7 @@ def _measured_section(measured: pd.DataFrame) -> tuple[str, list[go.Figure]]:
             ]
         )
     head = ["#", "layout", "ranked by", "measured tokens/s/GPU", "predicted", "error", "reason"]
-    table = (
-        "<table id='measured'><tr>"
-        + "".join(f"<th>{h}</th>" for h in head)
-        + "</tr>"
-        + "".join(
-            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-            for row in cells
-        )
-        + "</table>"
-    )
+    table = _table("measured", head, cells)
     text = (
         "<h2>Measured trials</h2><p class='note'>Ranked by measured throughput where measured, "
         f"by the prediction otherwise (scaled by {measured.attrs.get('scale', 1.0):.3g}, the "

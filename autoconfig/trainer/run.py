@@ -306,21 +306,17 @@ def train(cfg: TrainConfig, out: Path) -> int:
         result.update(train_loop(state))
         result["status"] = "ok"
         code = EXIT_OK
-    except (torch.OutOfMemoryError, RuntimeError) as exc:
-        if not is_oom(exc):
+    except Exception as exc:  # any rank failure is data for the run, never a hang
+        if is_oom(exc):
+            result.update(status="oom", message=str(exc).splitlines()[0][:500])
+            code = EXIT_OOM
+        elif isinstance(exc, UserError):
+            result.update(status="error", message=str(exc))
+            code = EXIT_ERROR
+        else:
             tail = traceback.format_exc().strip().splitlines()[-3:]
             result.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500], trace=tail)
             code = EXIT_ERROR
-        else:
-            result.update(status="oom", message=str(exc).splitlines()[0][:500])
-            code = EXIT_OOM
-    except UserError as exc:
-        result.update(status="error", message=str(exc))
-        code = EXIT_ERROR
-    except Exception as exc:  # any rank failure is data for the run, never a hang
-        tail = traceback.format_exc().strip().splitlines()[-3:]
-        result.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500], trace=tail)
-        code = EXIT_ERROR
     result["environment"] = environment(world).model_dump()
     write_json_atomic(out / f"rank{rank}.json", result)
     if started:
