@@ -140,6 +140,24 @@ class Efficiency(_Spec):
     provenance: str = Field(default="", description="what these constants were fitted on")
 
 
+class InferenceEfficiency(_Spec):
+    """Efficiency constants of an inference engine's fused kernels on one GPU type.
+
+    Serving engines (FasterTransformer, TensorRT-LLM, vLLM) launch far fewer and cheaper
+    kernels than an eager training step, and their small all-reduces take NCCL's
+    latency-optimised algorithms, so these are fitted apart from the training constants.
+    """
+
+    memory: float = Field(gt=0, le=1, description="fraction of HBM bandwidth streaming weights/KV")
+    gemm: float = Field(gt=0, le=1, description="fraction of dense peak reached by prefill GEMMs")
+    kernel_us: float = Field(ge=0, description="fixed GPU cost per kernel, microseconds")
+    allreduce_base_us: float = Field(ge=0, description="fixed cost of one small all-reduce")
+    allreduce_step_us: float = Field(
+        ge=0, description="latency per tree level (log2 of the group size) of a small all-reduce"
+    )
+    provenance: str = Field(default="", description="what these constants were fitted on")
+
+
 class ClusterSpec(_Spec):
     """How GPUs are wired: node size and per-GPU link bandwidths (one direction)."""
 
@@ -158,6 +176,9 @@ class GPUSpec(_Spec):
     memory_gb: float = Field(gt=0, description="usable HBM, GiB")
     memory_tb_s: float = Field(gt=0, description="HBM bandwidth, TB/s")
     efficiency: Efficiency
+    inference: InferenceEfficiency | None = Field(
+        default=None, description="serving-engine constants (carried over from a fitted chip)"
+    )
     cluster: ClusterSpec
     source: str = ""
 

@@ -1,0 +1,323 @@
+"""Serving cost: weights and KV cache per GPU, prefill and decode time, TTFT, TPOT, latency and
+throughput of static batches, for N (tp, pp, batch, lengths) candidates at once.
+
+The layer is the same op list the training model uses (layer.py), run forward only:
+- Prefill processes batch*input tokens: each GEMM takes the roofline max of its FLOPs at the
+  engine's GEMM efficiency and its bytes (weights once, activations) at the streaming
+  bandwidth; causal attention FLOPs at the attention efficiency (Williams et al. 2009,
+  roofline; Pope et al. 2022, "Efficiently Scaling Transformer Inference", Sec. 3.1).
+- A decode step processes one token per sequence: the weights are streamed once per step and
+  every sequence's K/V cache is read, so small batches are bound by HBM bandwidth and large
+  ones by FLOPs (Pope et al. 2022, Sec. 2-3; Kwon et al. 2023, vLLM, Sec. 2.2). The mean step
+  reads the cache at the mean context, input + output/2.
+- TP: two all-reduces of the layer's activations per layer (Shoeybi et al. 2019). Their
+  messages are KB-sized in decode, so they take NCCL's latency-bound tree path: a fixed cost
+  plus one latency per tree level, log2(tp) (NCCL docs, "Tree" algorithm), plus the bytes at
+  the ring bus bandwidth when large.
+- PP: the batch is split into min(pp, batch) micro-batches that flow through the stages
+  (GPipe, Huang et al. 2019): prefill takes (m + pp - 1) stage slots; a decode round takes
+  max(m, pp) slots, each stage handing its activations to the next (FasterTransformer's
+  pipeline-parallel decoding).
+- MoE: every expert's weights are held; a decode step reads only the experts its batch's
+  tokens are routed to, E*(1 - (1 - k/E)^b) of them in expectation for uniform routing, and
+  computes only the top-k's FLOPs (Fedus et al. 2022; Lepikhin et al. 2020).
+- KV cache per token and layer: 2 * kv_heads * head_dim * bytes / tp, with K/V heads
+  replicated when tp exceeds kv_heads (GQA, Ainslie et al. 2023).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoconfig.cost import comm
+from autoconfig.cost.inputs import Col, CostInputs
+from autoconfig.cost.layer import Op, head_ops, layer_ops
+from autoconfig.cost.memory import stage_params
+from autoconfig.specs import GIB, GPUSpec, InferenceEfficiency
+
+INFERENCE_COLUMNS = (
+    "pred_ttft_ms",
+    "pred_tpot_ms",
+    "pred_latency_ms",
+    "pred_output_tokens_per_s_per_gpu",
+    "pred_fits",
+)
+
+# The fitted chip whose constants a GPU without its own serving measurements borrows. They
+# are fractions of datasheet figures and small-kernel latencies, which transfer better
+# across chips than the training constants do (those include eager-framework overheads).
+FALLBACK_GPU = "a100-sxm-80gb"
+
+
+def inference_constants(gpu: GPUSpec) -> tuple[InferenceEfficiency, str]:
+    """The GPU's serving constants and where they come from: its own fit, else a fitted GPU
+    of the same chip, else the fallback chip's."""
+    if gpu.inference is not None:
+        return gpu.inference, gpu.inference.provenance
+    from autoconfig import catalog
+
+    fitted = [g for g in catalog.gpus().values() if g.inference is not None]
+    donors = [g for g in fitted if g.chip == gpu.chip] + [
+        g for g in fitted if g.name == FALLBACK_GPU
+    ]
+    if donors:
+        donor = donors[0]
+        return donor.inference, f"carried over from {donor.name} ({donor.inference.provenance})"
+    e = gpu.efficiency  # nothing fitted yet: the training constants and typical engine costs
+    guess = InferenceEfficiency(
+        memory=e.memory,
+        gemm=e.gemm,
+        kernel_us=4.0,
+        allreduce_base_us=15.0,
+        allreduce_step_us=10.0,
+        provenance="unfitted guesses",
+    )
+    return guess, guess.provenance
+
+
+def constant_columns(e: InferenceEfficiency) -> dict[str, float]:
+    return {
+        "eff_memory": e.memory,
+        "eff_gemm": e.gemm,
+        "kernel_s": e.kernel_us * 1e-6,
+        "ar_base_s": e.allreduce_base_us * 1e-6,
+        "ar_step_s": e.allreduce_step_us * 1e-6,
+    }
+
+
+@dataclass(frozen=True)
+class ServeInputs:
+    """A serving workload on top of the layout's cost inputs (whose `seq` is the input length
+    and whose dp is 1: replicas are independent)."""
+
+    x: CostInputs
+    batch: Col
+    input_len: Col
+    output_len: Col
+    weight_bytes: Col  # per parameter: 2 (16-bit), 1 (fp8 / int8)
+    kv_bytes: Col  # per cached element
+    replicas: Col
+    eff_memory: Col
+    eff_gemm: Col
+    kernel_s: Col
+    ar_base_s: Col
+    ar_step_s: Col
+
+
+def _gemm(s: ServeInputs, op: Op, tokens: Col, weight_share: Col | float = 1.0) -> Col:
+    x = s.x
+    act = np.where(x.fp8 > 0, 1.0, 2.0)
+    # op.weight_bytes counts 16-bit weights; weight-only quantisation reads fewer.
+    weights = op.weight_bytes * (s.weight_bytes / 2.0) * weight_share
+    traffic = act * tokens * (op.gemm_k + op.gemm_n) + weights
+    compute = op.flops * tokens / (x.peak_flops * s.eff_gemm)
+    return np.maximum(compute, traffic / (x.hbm_bytes_s * s.eff_memory))
+
+
+def _kernel_count(ops: list[Op]) -> Col:
+    out: Col | float = 0.0
+    for op in ops:
+        present = (np.asarray(op.flops) + np.asarray(op.moved) + np.asarray(op.saved)) > 0
+        out = out + np.where(present, op.kernels, 0.0)
+    return np.asarray(out)
+
+
+def small_all_reduce(s: ServeInputs, nbytes: Col) -> Col:
+    """One TP all-reduce: latency-bound tree for small messages, ring bandwidth for big ones."""
+    x = s.x
+    link = comm.tp_link(x)
+    n = x.tp
+    latency = s.ar_base_s + s.ar_step_s * np.log2(np.maximum(n, 1.0))
+    volume = 2.0 * (n - 1.0) / n * nbytes / link.bandwidth
+    return np.where(n > 1, latency + volume, 0.0)
+
+
+def _kv_heads_local(x: CostInputs) -> Col:
+    return np.maximum(x.kv_heads / x.tp, 1.0)
+
+
+def kv_bytes_per_token(s: ServeInputs, layers: Col) -> Col:
+    """K and V of one token over `layers` layers on one rank."""
+    x = s.x
+    return 2.0 * _kv_heads_local(x) * x.head_dim * s.kv_bytes * layers
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One pipeline stage's time for one micro-batch, by part (seconds)."""
+
+    compute: Col  # GEMMs, attention and memory-bound ops
+    kernels: Col  # fixed per-kernel cost
+    tp_comm: Col
+
+    @property
+    def total(self) -> Col:
+        return self.compute + self.kernels + self.tp_comm
+
+
+def _layer_phase(
+    s: ServeInputs, ops: list[Op], tokens: Col, attention: Col, expert_share: Col
+) -> Phase:
+    """One layer over `tokens` tokens; `attention` is the attention core's time."""
+    x = s.x
+    work = attention
+    for op in ops:
+        if op.kind == "gemm":
+            share = expert_share if op.name in ("mlp_up", "mlp_down") else 1.0
+            work = work + _gemm(s, op, tokens, share)
+        elif op.kind == "memory":
+            work = work + op.moved * tokens / (x.hbm_bytes_s * s.eff_memory)
+    kernels = (_kernel_count(ops) + np.where(x.tp > 1, 2.0, 0.0)) * s.kernel_s
+    tp = 2.0 * small_all_reduce(s, 2.0 * tokens * x.hidden)
+    return Phase(np.asarray(work), np.asarray(kernels), np.asarray(tp))
+
+
+def _head_phase(s: ServeInputs, sequences: Col) -> Phase:
+    """Final norm and LM head for the last position of each sequence, logits gathered."""
+    x = s.x
+    ops = [op for op in head_ops(x) if op.name != "cross_entropy"]
+    work: Col | float = 0.0
+    for op in ops:
+        if op.kind == "gemm":
+            work = work + _gemm(s, op, sequences)
+        else:
+            work = work + op.moved * sequences / (x.hbm_bytes_s * s.eff_memory)
+    gather = small_all_reduce(s, 2.0 * sequences * x.vocab) / 2.0
+    return Phase(np.asarray(work), np.asarray(2.0 * s.kernel_s), np.asarray(gather))
+
+
+def _expert_share(x: CostInputs, tokens: Col) -> Col:
+    """Fraction of the MLP weights a step reads: all for dense layers; for MoE the expected
+    distinct routed experts plus the shared ones."""
+    experts = np.maximum(x.experts, 1.0)
+    touched = experts * (1.0 - np.power(1.0 - np.minimum(x.topk / experts, 1.0), tokens))
+    share = (touched + x.shared_experts) / (experts + x.shared_experts)
+    return np.where(x.experts > 0, np.minimum(share, 1.0), 1.0)
+
+
+@dataclass(frozen=True)
+class ServeTime:
+    ttft: Col
+    tpot: Col
+    latency: Col
+    prefill_stage: Phase
+    decode_stage: Phase
+    pp_hop_prefill: Col
+    pp_hop_decode: Col
+
+
+def serve_time(s: ServeInputs) -> ServeTime:
+    x = s.x
+    ops = layer_ops(x)
+    per_stage = np.ceil(x.layers / x.pp)
+    micro = np.minimum(x.pp, s.batch)
+    mb = np.ceil(s.batch / micro)
+
+    # Prefill of one micro-batch through one stage (x.seq is the input length).
+    tokens = mb * s.input_len
+    attn_op = next(op for op in ops if op.kind == "attention")
+    causal = np.where(x.flash > 0, 0.5, 1.0)
+    attn_eff = np.where(x.flash > 0, x.eff_attention, s.eff_gemm)
+    attn_prefill = attn_op.flops * tokens * causal / (x.peak_bf16_flops * attn_eff)
+    layer_p = _layer_phase(s, ops, tokens, attn_prefill, _expert_share(x, tokens))
+    head_p = _head_phase(s, mb)
+    prefill = Phase(
+        per_stage * layer_p.compute + head_p.compute,
+        per_stage * layer_p.kernels + head_p.kernels,
+        per_stage * layer_p.tp_comm + head_p.tp_comm,
+    )
+
+    # One decode step of one micro-batch through one stage, at the mean cached context.
+    context = s.input_len + s.output_len / 2.0
+    q_width = x.heads * x.head_dim
+    attn_flops = 4.0 * context * q_width / x.tp * mb
+    attn_bytes = kv_bytes_per_token(s, 1.0) * context * mb
+    attn_decode = np.maximum(
+        attn_flops / (x.peak_bf16_flops * x.eff_attention),
+        attn_bytes / (x.hbm_bytes_s * s.eff_memory),
+    )
+    layer_d = _layer_phase(s, ops, mb, attn_decode, _expert_share(x, mb))
+    head_d = _head_phase(s, mb)
+    decode = Phase(
+        per_stage * layer_d.compute + head_d.compute,
+        per_stage * layer_d.kernels + head_d.kernels,
+        per_stage * layer_d.tp_comm + head_d.tp_comm,
+    )
+
+    link = comm.pp_link(x)
+    hop_p = np.where(x.pp > 1, comm.p2p(2.0 * tokens * x.hidden / x.tp, link), 0.0)
+    hop_d = np.where(x.pp > 1, comm.p2p(2.0 * mb * x.hidden / x.tp, link), 0.0)
+    ttft = (micro + x.pp - 1.0) * prefill.total + (x.pp - 1.0) * hop_p
+    tpot = np.maximum(micro, x.pp) * decode.total + x.pp * hop_d
+    latency = ttft + np.maximum(s.output_len - 1.0, 0.0) * tpot
+    return ServeTime(ttft, tpot, latency, prefill, decode, hop_p, hop_d)
+
+
+@dataclass(frozen=True)
+class ServeMemory:
+    weights: Col
+    kv_cache: Col
+    activations: Col
+    overhead: Col
+
+    @property
+    def total(self) -> Col:
+        return self.weights + self.kv_cache + self.activations + self.overhead
+
+
+def serve_memory(s: ServeInputs) -> ServeMemory:
+    """Bytes on the busiest GPU: its stage's weights, the whole batch's K/V cache at full
+    length, the largest prefill intermediates of one micro-batch, and the allocator/runtime
+    allowance of the GPU profile."""
+    x = s.x
+    p = stage_params(x)
+    weights = (np.maximum(p.dense_first, p.dense_last) + p.expert) * s.weight_bytes
+    per_stage = np.ceil(x.layers / x.pp)
+    kv = kv_bytes_per_token(s, per_stage) * s.batch * (s.input_len + s.output_len)
+    mb = np.ceil(s.batch / np.minimum(x.pp, s.batch))
+    q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
+    up = np.where(x.mlp_kind == 1, 2.0, 1.0) * np.where(
+        x.experts > 0, x.expert_ffn * (x.topk + x.shared_experts), x.ffn
+    )
+    widest = np.maximum(q_width + 2.0 * kv_width, up) / x.tp
+    activations = mb * s.input_len * 2.0 * (2.0 * x.hidden + widest) + 4.0 * mb * x.vocab / x.tp
+    overhead = x.mem_overhead * (weights + kv + activations) + x.mem_reserved_gb * GIB
+    return ServeMemory(weights, kv, activations, overhead)
+
+
+def evaluate_serving(s: ServeInputs) -> dict[str, Col]:
+    """Predictions and breakdowns, one array per column."""
+    x = s.x
+    t = serve_time(s)
+    mem = serve_memory(s)
+    gpus = x.tp * x.pp
+    per_replica = s.batch * s.output_len / t.latency
+    per_seq = kv_bytes_per_token(s, np.ceil(x.layers / x.pp)) * (s.input_len + s.output_len)
+    free = x.memory_gb * GIB - mem.total
+    out = {
+        "pred_ttft_ms": 1e3 * t.ttft,
+        "pred_tpot_ms": 1e3 * t.tpot,
+        "pred_latency_ms": 1e3 * t.latency,
+        "pred_output_tokens_per_s_per_gpu": per_replica / gpus,
+        "pred_output_tokens_per_s": per_replica * s.replicas,
+        "pred_fits": mem.total <= x.memory_gb * GIB,
+        "pred_peak_mem_gb": mem.total / GIB,
+        "mem_weights_gb": mem.weights / GIB,
+        "mem_kv_cache_gb": mem.kv_cache / GIB,
+        "mem_activations_gb": mem.activations / GIB,
+        "mem_overhead_gb": mem.overhead / GIB,
+        "mem_capacity_gb": x.memory_gb,
+        "kv_headroom_gb": free / GIB,
+        # more sequences of this length the GPU could still cache (with the allowance)
+        "kv_headroom_seqs": np.floor(np.maximum(free, 0.0) / (per_seq * (1.0 + x.mem_overhead))),
+        "time_prefill_compute_ms": 1e3 * t.prefill_stage.compute,
+        "time_prefill_tp_ms": 1e3 * t.prefill_stage.tp_comm,
+        "time_decode_compute_ms": 1e3 * t.decode_stage.compute,
+        "time_decode_kernels_ms": 1e3 * t.decode_stage.kernels,
+        "time_decode_tp_ms": 1e3 * t.decode_stage.tp_comm,
+        "time_decode_pp_ms": 1e3 * t.pp_hop_decode,
+    }
+    n = int(np.prod(np.broadcast_shapes(*(np.shape(v) for v in out.values()))))
+    return {k: np.broadcast_to(np.asarray(v), (n,)) for k, v in out.items()}

@@ -1,0 +1,1 @@
+"""Serving: the inference search, batch predictions and measured generation trials."""

@@ -1,0 +1,28 @@
+"""Serving predictions for a table of points (`autoconfig infer --runs`), and the same for one
+configuration: input columns first, then the pred_* columns, breakdowns and `error`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from autoconfig.cost.inference import INFERENCE_COLUMNS, evaluate_serving
+from autoconfig.serve.frame import prepare_serving
+
+
+def predict_frame(points: pd.DataFrame) -> pd.DataFrame:
+    """Predictions for every row; a row that cannot be predicted keeps blank predictions and
+    its reason in `error`, and the others go on."""
+    if points.empty:
+        return points.assign(**{c: pd.Series(dtype=float) for c in INFERENCE_COLUMNS}, error="")
+    points = points.reset_index(drop=True)
+    inputs, errors, _ = prepare_serving(points)
+    with np.errstate(all="ignore"):
+        preds = pd.DataFrame(evaluate_serving(inputs), index=points.index)
+    bad = errors != ""
+    preds["pred_fits"] = preds["pred_fits"].astype(object)
+    preds.loc[bad, :] = np.nan
+    extra = [c for c in preds.columns if c in points.columns]
+    out = pd.concat([points.drop(columns=extra), preds], axis=1)
+    out["error"] = errors
+    return out
