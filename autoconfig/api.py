@@ -303,3 +303,59 @@ def _check_fixed(fix: dict[str, object]) -> dict[str, object]:
         if kind is str and out[key] not in ("none", "selective", "full", "op"):
             raise UserError(f"fix: recompute must be none, selective, full or op (got '{value}')")
     return out
+
+
+def infer_frame(points: pd.DataFrame) -> pd.DataFrame:
+    """Serving predictions for every row of `points` (inference_runs.csv columns): the input
+    columns, then pred_ttft_ms, pred_tpot_ms, pred_latency_ms, pred_output_tokens_per_s_per_gpu,
+    pred_fits, the breakdowns, and `error` ('' or the row's reason)."""
+    from autoconfig.serve.predict import predict_frame
+
+    return predict_frame(points)
+
+
+def infer(
+    model: str | ModelSpec,
+    gpu: str,
+    gpus: int,
+    *,
+    input_len: int,
+    output_len: int,
+    max_ttft_ms: float | None = None,
+    max_tpot_ms: float | None = None,
+    max_latency_ms: float | None = None,
+    min_throughput: float | None = None,
+    objective: str = "throughput",
+    precision: str = "bf16",
+    kv_precision: str = "auto",
+    max_batch: int = 1024,
+    batches: tuple[int, ...] | None = None,
+    gpus_per_node: int | None = None,
+    allow_tp_across_nodes: bool = False,
+) -> pd.DataFrame:
+    """Every (tp, pp, batch, replicas) serving candidate on `gpus` GPUs, best first.
+
+    Columns: the layout, pred_* figures, memory and time breakdowns, `meets` (fits and within
+    the budget), `pruned` (why not), `rank`, `pareto`. `attrs` holds the inputs, the count that
+    meets the budget, and `closest` (the nearest miss) when none does. Raises UserError with
+    one line for bad input, including a model that fits on no split of the GPUs.
+    """
+    from autoconfig.serve.search import Budget, Request, search
+
+    return search(
+        Request(
+            model=model,
+            gpu=gpu,
+            gpus=gpus,
+            input_len=input_len,
+            output_len=output_len,
+            precision=precision,
+            kv_precision=kv_precision,
+            budget=Budget(max_ttft_ms, max_tpot_ms, max_latency_ms, min_throughput),
+            objective=objective,
+            max_batch=max_batch,
+            batches=batches,
+            gpus_per_node=gpus_per_node,
+            allow_tp_across_nodes=allow_tp_across_nodes,
+        )
+    )

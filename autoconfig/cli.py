@@ -90,21 +90,7 @@ def estimate(
 
 
 def _estimate_batch(runs: Path, out: Path | None) -> None:
-    try:
-        frame = pd.read_csv(runs, dtype=str, keep_default_na=False)
-    except FileNotFoundError:
-        raise UserError(f"runs: no such file '{runs}'") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UserError(f"runs: '{runs}' is not a readable CSV ({str(exc).strip()})") from None
-    result = api.estimate_frame(frame)
-    bad = int((result["error"] != "").sum())
-    if out is None:
-        result.to_csv(sys.stdout, index=False)
-    else:
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        result.to_csv(tmp, index=False)
-        tmp.replace(out)  # never leave a half-written file behind
-        print(f"wrote {len(result)} rows to {out} ({bad} with an error)", file=sys.stderr)
+    _write_batch(api.estimate_frame(_read_csv(runs)), out)
 
 
 class EmitOpt(str, Enum):
@@ -272,6 +258,192 @@ def search(
         )
     if not ranked.attrs["feasible"]:
         sys.exit(1)
+
+
+class ObjectiveOpt(str, Enum):
+    throughput = "throughput"
+    latency = "latency"
+
+
+class ServePrecisionOpt(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+    fp32 = "fp32"
+
+
+class KvPrecisionOpt(str, Enum):
+    auto = "auto"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+    fp32 = "fp32"
+
+
+SERVE = "budget"
+
+
+@app.command()
+def infer(
+    model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
+    gpu: str = typer.Option(
+        None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
+    ),
+    gpus: int = typer.Option(None, help="GPUs of the deployment (with --measure: the most ranks)"),
+    input_len: int = typer.Option(None, help="prompt tokens per request"),
+    output_len: int = typer.Option(None, help="generated tokens per request"),
+    max_ttft_ms: float = typer.Option(None, help="time to first token, ms", rich_help_panel=SERVE),
+    max_tpot_ms: float = typer.Option(
+        None, help="time per output token, ms", rich_help_panel=SERVE
+    ),
+    max_latency_ms: float = typer.Option(
+        None, help="end-to-end latency of a request, ms", rich_help_panel=SERVE
+    ),
+    min_throughput: float = typer.Option(
+        None, help="output tokens/s of the whole deployment", rich_help_panel=SERVE
+    ),
+    objective: ObjectiveOpt = typer.Option(
+        ObjectiveOpt.throughput, help="throughput per GPU, or end-to-end latency"
+    ),
+    precision: ServePrecisionOpt = typer.Option(
+        None, help="weights: bf16, fp16, fp8, int8 (weight-only), fp32 (default bf16; fp32 on CPU)"
+    ),
+    kv_precision: KvPrecisionOpt = typer.Option(KvPrecisionOpt.auto, help="K/V cache elements"),
+    max_batch: int = typer.Option(1024, help="largest static batch tried"),
+    batch: list[int] = typer.Option(None, help="try exactly these batch sizes (repeatable)"),
+    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    allow_tp_across_nodes: bool = typer.Option(False, help="let a TP group span nodes"),
+    top: int = typer.Option(15, help="rows to show"),
+    out: Path = typer.Option(None, help="folder for results.csv, best.json, report.html"),
+    runs: Path = typer.Option(None, help="CSV of serving points (inference_runs.csv columns)"),
+    measure: bool = typer.Option(False, help="generate with the bundled model to measure"),
+    trials: int = typer.Option(4, help="finished trials to run", rich_help_panel=MEASURE),
+    sampler: SamplerOpt = typer.Option(SamplerOpt.model, rich_help_panel=MEASURE),
+    enqueue_top: int = typer.Option(3, rich_help_panel=MEASURE),
+    candidates: int = typer.Option(50, rich_help_panel=MEASURE),
+    executor: ExecutorOpt = typer.Option(ExecutorOpt.local, rich_help_panel=MEASURE),
+    device: DeviceOpt = typer.Option(DeviceOpt.auto, rich_help_panel=MEASURE),
+    parallel: int = typer.Option(1, rich_help_panel=MEASURE),
+    steps: int = typer.Option(4, help="generations per trial", rich_help_panel=MEASURE),
+    warmup: int = typer.Option(1, help="generations left out", rich_help_panel=MEASURE),
+    trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE),
+    budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE),
+    trial_memory_gb: float = typer.Option(None, rich_help_panel=MEASURE),
+    storage: str = typer.Option(None, rich_help_panel=MEASURE),
+    resume: bool = typer.Option(False, rich_help_panel=MEASURE),
+    seed: int = typer.Option(0, rich_help_panel=MEASURE),
+    slurm_partition: str = typer.Option(None, rich_help_panel=MEASURE),
+    slurm_account: str = typer.Option(None, rich_help_panel=MEASURE),
+    slurm_option: list[str] = typer.Option(None, rich_help_panel=MEASURE),
+) -> None:
+    """Rank every (tp, pp, batch, replicas) way to serve a model on N GPUs by predicted output
+    tokens/s per GPU within TTFT / TPOT / latency budgets; with --measure, generate the best
+    points with the bundled model and time them."""
+    if runs is not None:
+        _infer_batch(runs, out)
+        return
+    for name, value in (
+        ("model", model),
+        ("gpus", gpus),
+        ("input-len", input_len),
+        ("output-len", output_len),
+    ):
+        if value is None:
+            raise UserError(f"{name}: required (or give --runs CSV)")
+    on_cpu = measure and (device == DeviceOpt.cpu or (device == DeviceOpt.auto and not _has_cuda()))
+    gpu = gpu or ("cpu-gloo" if on_cpu else "h100-sxm-80gb")
+    weights = precision.value if precision else ("fp32" if on_cpu else "bf16")
+    if measure and out is None:
+        if resume:
+            raise UserError("out: --resume needs the --out folder of the search to continue")
+        out = Path("runs") / time.strftime("infer-%Y%m%d-%H%M%S")
+    from autoconfig.report import serving
+
+    result = api.infer(
+        model,
+        gpu,
+        gpus,
+        input_len=input_len,
+        output_len=output_len,
+        max_ttft_ms=max_ttft_ms,
+        max_tpot_ms=max_tpot_ms,
+        max_latency_ms=max_latency_ms,
+        min_throughput=min_throughput,
+        objective=objective.value,
+        precision=weights,
+        kv_precision=kv_precision.value,
+        max_batch=max_batch,
+        batches=tuple(batch) if batch else None,
+        gpus_per_node=gpus_per_node,
+        allow_tp_across_nodes=allow_tp_across_nodes,
+    )
+    terminal.print_view(serving.terminal_view(result, top))
+    if measure:
+        from autoconfig.measure import session
+        from autoconfig.measure.launcher import SlurmOptions
+        from autoconfig.serve import measure as serve_measure
+
+        opts = session.MeasureOptions(
+            out=out,
+            trials=trials,
+            sampler=sampler.value,
+            executor=executor.value,
+            device=device.value,
+            parallel=parallel,
+            steps=steps,
+            warmup=warmup,
+            timeout_min=trial_timeout_min,
+            budget_gpu_hours=budget_gpu_hours,
+            top_k=enqueue_top,
+            candidates=candidates,
+            storage=storage,
+            resume=resume,
+            trial_memory_gb=trial_memory_gb,
+            seed=seed,
+            slurm=SlurmOptions(
+                partition=slurm_partition,
+                account=slurm_account,
+                gpus_per_node=(gpus_per_node or 8) if not on_cpu else 0,
+                ranks_per_node=gpus_per_node or 8,
+                options=_pairs(slurm_option, "slurm-option"),
+            ),
+        )
+        raise typer.Exit(serve_measure.run(result, model, gpu, opts))
+    if out is not None:
+        serving.write(result, out)
+        print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
+    if not result.attrs["feasible"]:
+        sys.exit(1)
+
+
+def _infer_batch(runs: Path, out: Path | None) -> None:
+    frame = _read_csv(runs)
+    result = api.infer_frame(frame)
+    _write_batch(result, out)
+
+
+def _read_csv(runs: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(runs, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise UserError(f"runs: no such file '{runs}'") from None
+    except IsADirectoryError:
+        raise UserError(f"runs: '{runs}' is a folder, not a CSV file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UserError(f"runs: '{runs}' is not a readable CSV ({str(exc).strip()})") from None
+
+
+def _write_batch(result: pd.DataFrame, out: Path | None) -> None:
+    bad = int((result["error"] != "").sum())
+    if out is None:
+        result.to_csv(sys.stdout, index=False)
+    else:
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        result.to_csv(tmp, index=False)
+        tmp.replace(out)  # never leave a half-written file behind
+        print(f"wrote {len(result)} rows to {out} ({bad} with an error)", file=sys.stderr)
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:

@@ -43,6 +43,8 @@ def collect(cfg: TrainConfig, job: Job, run_dir: Path, timed_out: bool, limit_s:
             measured_step_time_s=metrics.median_step_time_s,
             measured_peak_mem_gb=max((m.peak_allocated_gb or 0.0) for m in metrics.memory) or None,
         )
+        if metrics.ttft_ms is not None:  # a generation trial
+            attrs.update(measured_ttft_ms=metrics.ttft_ms, measured_tpot_ms=metrics.tpot_ms)
         return Outcome("ok", "", metrics, attrs)
     if metrics.status == "oom":
         return Outcome("oom", _first(metrics.message), metrics, attrs)

@@ -174,6 +174,9 @@ class Runner:
         trial.set_user_attr("analytical_rank", int(row["analytical_rank"]))
         for p in PREDICTED:
             trial.set_user_attr(p, float(row[p]))
+        for p in ("pred_ttft_ms", "pred_tpot_ms"):  # serving trials
+            if p in row:
+                trial.set_user_attr(p, float(row[p]))
 
     def _poll(self) -> None:
         now = time.time()

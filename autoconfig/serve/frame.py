@@ -4,7 +4,8 @@ per-row error column.
 Architecture columns are read exactly as for training runs (frame.prepare, catalog names fill
 blanks); the serving columns are batch_size, input_len, output_len, tp, pp, num_gpus (GPUs of
 the whole deployment; replicas = num_gpus / (tp*pp), or a `replicas` column), precision
-(fp16, bf16, fp8, int8 weights) and an optional kv_precision (fp16, bf16, fp8, int8).
+(fp16, bf16, fp8, int8 weights; fp32 for CPU trials) and an optional kv_precision (fp16,
+bf16, fp8, int8, fp32; auto = the weights' 16-bit type).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from autoconfig.errors import UserError
 from autoconfig.frame import _text, prepare
 
 REQUIRED = ("batch_size", "input_len", "output_len", "tp", "pp", "gpu")
-WEIGHT_PRECISIONS = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
-KV_PRECISIONS = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
+# fp32 is what the bundled model runs on CPU.
+WEIGHT_PRECISIONS = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "fp32": 4.0}
+KV_PRECISIONS = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "fp32": 4.0}
 # Columns of the training cost model that mean something else (or nothing) for serving.
 TRAINING_ONLY = ("seq_len", "gbs", "mbs", "dp", "cp", "vp", "ep", "sp", "zero", "recompute")
 
@@ -61,12 +63,13 @@ def prepare_serving(df: pd.DataFrame) -> tuple[ServeInputs, pd.Series, pd.DataFr
         "num_gpus: must be a multiple of tp*pp (replicas = num_gpus / (tp*pp))",
     )
     precision = _text(df, "precision").replace({"": "fp16"})
-    add(~precision.isin(WEIGHT_PRECISIONS), "precision: must be fp16, bf16, fp8 or int8")
+    add(~precision.isin(WEIGHT_PRECISIONS), "precision: must be fp16, bf16, fp8, int8 or fp32")
     kv_precision = _text(df, "kv_precision").replace({"": "auto"})
     kv_precision = kv_precision.where(
-        kv_precision != "auto", precision.where(precision.isin({"fp16", "bf16"}), "fp16")
+        kv_precision != "auto",
+        precision.where(precision.isin({"fp16", "bf16", "fp32"}), "fp16"),
     )
-    add(~kv_precision.isin(KV_PRECISIONS), "kv_precision: must be fp16, bf16, fp8 or int8")
+    add(~kv_precision.isin(KV_PRECISIONS), "kv_precision: must be fp16, bf16, fp8, int8 or fp32")
 
     # The layout as the training cost model's columns: one replica, no data parallelism, the
     # input length as the sequence, the batch as one micro-batch.

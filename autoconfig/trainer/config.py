@@ -25,6 +25,11 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | ModelSpec
+    task: Literal["train", "generate"] = Field(
+        default="train", description="generate: time a static batch's prefill and decode"
+    )
+    input_len: int | None = Field(default=None, gt=0, description="generate: prompt tokens")
+    output_len: int | None = Field(default=None, gt=0, description="generate: tokens out")
     layers: int | None = Field(default=None, gt=0, description="keep only this many layers")
     seq_len: int | None = Field(default=None, gt=0)
     tp: int = Field(default=1, gt=0)
@@ -203,11 +208,31 @@ class TrainConfig(BaseModel):
                 f"recompute_layers: at most {spec.layers // self.pp} layers per stage",
             ),
             (self.warmup >= self.steps, f"warmup: {self.warmup} must be below steps {self.steps}"),
+            *self._generate_rules(spec),
         ]
         for bad, message in rules:
             if bad:
                 raise UserError(message)
         return self
+
+    def _generate_rules(self, spec: ModelSpec) -> list[tuple[bool, str]]:
+        """What the bundled generator runs: one tensor-parallel replica."""
+        if self.task != "generate":
+            return []
+        return [
+            (
+                self.input_len is None or self.output_len is None,
+                "input_len: generation needs input_len and output_len",
+            ),
+            (
+                self.pp > 1,
+                "pp: the bundled generator runs tensor parallelism only (pipeline-parallel "
+                "decoding is not implemented)",
+            ),
+            (self.resolved_dp > 1, "dp: measure one replica (replicas are independent)"),
+            (self.recompute != "none", "recompute: generation has no backward pass"),
+            (self.slice, "slice: not available for generation"),
+        ]
 
     def seq(self, spec: ModelSpec | None = None) -> int:
         return (spec or self.spec()).seq_len if self.seq_len is None else self.seq_len

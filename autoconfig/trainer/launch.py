@@ -42,9 +42,43 @@ def gpu_profile(cfg: TrainConfig, device_names: list[str], device_type: str) -> 
     return None
 
 
+def predicted_serving(cfg: TrainConfig, profile: str | None) -> dict:
+    """The serving model's figures for a generation run."""
+    import pandas as pd
+
+    from autoconfig.frame import model_columns_for_frame
+    from autoconfig.serve.predict import predict_frame
+
+    row = {
+        **model_columns_for_frame(cfg.spec()),
+        "gpu": profile or "cpu-gloo",
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "num_gpus": cfg.world,
+        "batch_size": cfg.mbs,
+        "input_len": cfg.input_len,
+        "output_len": cfg.output_len,
+        # The generator runs bf16 on GPU and fp32 on CPU unless told otherwise.
+        "precision": "bf16"
+        if (profile and cfg.precision != "fp32") or cfg.precision == "bf16"
+        else "fp32",
+    }
+    out = predict_frame(pd.DataFrame([row])).iloc[0]
+    if out["error"]:
+        return {"error": out["error"]}
+    keep = [c for c in out.index if c.startswith(("pred_", "mem_", "time_"))]
+    return {c: (out[c].item() if hasattr(out[c], "item") else out[c]) for c in keep}
+
+
 def predicted(cfg: TrainConfig, profile: str | None) -> dict | None:
     """The cost model's figures for this run (on CPU only the memory parts mean anything)."""
     from autoconfig import api
+
+    if cfg.task == "generate":
+        try:
+            return predicted_serving(cfg, profile)
+        except Exception as exc:  # a prediction must never cost the measurement
+            return {"error": str(exc)}
 
     spec = cfg.trained_spec()
     try:
@@ -107,15 +141,20 @@ def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunM
     if status == "ok":
         times = ranks[0]["step_times_s"]
         median = median_after_warmup(times, cfg.warmup)
-        tokens = cfg.global_batch * cfg.seq()
+        # Generation counts output tokens of the batch; training the tokens of a step.
+        generate = cfg.task == "generate"
+        tokens = cfg.mbs * (cfg.output_len or 0) if generate else cfg.global_batch * cfg.seq()
+        if generate:
+            metrics.ttft_ms = ranks[0]["ttft_ms"]
+            metrics.tpot_ms = ranks[0]["tpot_ms"]
         metrics.step_times_s = times
         metrics.median_step_time_s = median
         metrics.tokens_per_step = tokens
         metrics.tokens_per_s_per_gpu = tokens / median / world
-        metrics.losses = ranks[0]["losses"]
+        metrics.losses = ranks[0].get("losses", [])
         metrics.memory = [RankMemory(**r["memory"]) for r in ranks]
         pred = metrics.predicted or {}
-        if "pred_model_tflops_per_gpu" in pred and not cfg.slice:
+        if "pred_model_tflops_per_gpu" in pred and not cfg.slice and not generate:
             # Model FLOPs per GPU per step from the cost model's count (no recompute).
             flops = pred["pred_model_tflops_per_gpu"] * pred["pred_step_time_s"] * 1e12
             metrics.model_tflops_per_gpu = flops / median / 1e12

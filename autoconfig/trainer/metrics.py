@@ -53,6 +53,8 @@ class RunMetrics(BaseModel):
     median_step_time_s: float | None = None
     tokens_per_step: int | None = None
     tokens_per_s_per_gpu: float | None = None
+    ttft_ms: float | None = Field(default=None, description="generate: median prefill time")
+    tpot_ms: float | None = Field(default=None, description="generate: median decode step")
     model_tflops_per_gpu: float | None = None
     mfu: float | None = Field(default=None, description="against the GPU profile's dense peak")
     gpu_profile: str | None = None

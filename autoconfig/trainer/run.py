@@ -66,6 +66,18 @@ def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
+def rank_device(cfg: TrainConfig, local_rank: int) -> torch.device:
+    """This rank's device, selected and capped at cfg.memory_limit_gb."""
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device: cuda requested but no GPU is visible")
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    limit_memory(cfg, device)
+    return device
+
+
 class Rank:
     """The state of one rank: its mesh coordinates, stage modules and optimizer."""
 
@@ -73,13 +85,8 @@ class Rank:
         self.cfg, self.rank, self.world = cfg, rank, world
         self.spec = cfg.trained_spec()
         self.seq = cfg.seq(self.spec)
-        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-        if cfg.device == "cuda" and not torch.cuda.is_available():
-            raise UserError("device: cuda requested but no GPU is visible")
-        self.device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-        if use_cuda:
-            torch.cuda.set_device(self.device)
-        limit_memory(cfg, self.device)
+        self.device = rank_device(cfg, local_rank)
+        use_cuda = self.device.type == "cuda"
         self.bf16 = use_cuda and cfg.precision in ("auto", "bf16")
         self.cpu_bf16 = not use_cuda and cfg.precision == "bf16"
         self.mesh = build_mesh(cfg, self.device.type) if world > 1 else None
@@ -301,9 +308,15 @@ def train(cfg: TrainConfig, out: Path) -> int:
                 "nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.timeout_s)
             )
             started = True
-        state = Rank(cfg, rank, world, local_rank)
-        state.fault = _injected_fault(cfg, rank)
-        result.update(train_loop(state))
+        if cfg.task == "generate":
+            from autoconfig.trainer.generate import generate_rank
+
+            device = rank_device(cfg, local_rank)
+            result.update(generate_rank(cfg, rank, world, device, _injected_fault(cfg, rank)))
+        else:
+            state = Rank(cfg, rank, world, local_rank)
+            state.fault = _injected_fault(cfg, rank)
+            result.update(train_loop(state))
         result["status"] = "ok"
         code = EXIT_OK
     except Exception as exc:  # any rank failure is data for the run, never a hang

@@ -1,0 +1,260 @@
+"""Views of an inference search: the rich table, the self-contained HTML report (top table and
+the Pareto front of latency against throughput with the budget lines drawn) and the files."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+from rich.console import Group
+from rich.table import Table
+
+from autoconfig.report.files import _atomic_write
+from autoconfig.report.html import STYLE, _table
+
+ACCURACY_FILE = Path(__file__).resolve().parent.parent.parent / "docs" / "inference_accuracy.json"
+
+
+def accuracy_note() -> str:
+    if not ACCURACY_FILE.exists():
+        return "The serving model's accuracy has not been measured for this installation."
+    acc = json.loads(ACCURACY_FILE.read_text())
+    return (
+        f"Known accuracy (docs/inference_validation.md, {acc['rows']} published A100 points): "
+        f"median absolute error of end-to-end latency {acc['latency_median_ape_pct']:.1f}%, "
+        f"{acc['latency_within_20_pct']:.0f}% within ±20%; no H100/H200 serving measurements "
+        "were available to check other GPUs."
+    )
+
+
+def row_cells(row: pd.Series) -> dict[str, str]:
+    """The cells every view of the serving ranking shows for one configuration."""
+    rank = row["rank"]
+    return {
+        "#": "-" if pd.isna(rank) else str(rank),
+        "tp": str(int(row["tp"])),
+        "pp": str(int(row["pp"])),
+        "replicas": str(int(row["replicas"])),
+        "batch": str(int(row["batch_size"])),
+        "precision": f"{row['precision']}/{row['kv_precision']}",
+        "TTFT ms": f"{row['pred_ttft_ms']:,.0f}",
+        "TPOT ms": f"{row['pred_tpot_ms']:,.1f}",
+        "latency ms": f"{row['pred_latency_ms']:,.0f}",
+        "tok/s/GPU": f"{row['pred_output_tokens_per_s_per_gpu']:,.1f}",
+        "tok/s total": f"{row['pred_output_tokens_per_s']:,.0f}",
+        "KV GiB": f"{row['mem_kv_cache_gb']:.1f}",
+        "headroom GiB": f"{row['kv_headroom_gb']:.1f}",
+        "Pareto": "*" if row["pareto"] else "",
+    }
+
+
+def _title(a: dict) -> str:
+    budget = ", ".join(f"{k} {v:g}" for k, v in a["budget"].items()) or "no budget"
+    return (
+        f"{a['model']} serving on {a['gpus']} x {a['gpu']}: input {a['input_len']}, output "
+        f"{a['output_len']} tokens; {budget}; objective {a['objective']}"
+    )
+
+
+def _shown(out: pd.DataFrame, top: int) -> pd.DataFrame:
+    """The best that meet the budget, or (when none does) the fitting ones closest to it."""
+    if out.attrs["feasible"]:
+        return out[out["meets"]].head(top)
+    return out[out["pred_fits"].astype(bool)].sort_values("miss", kind="stable").head(top)
+
+
+def terminal_view(out: pd.DataFrame, top: int) -> Group:
+    a = out.attrs
+    table = Table(title=_title(a), title_justify="left")
+    rows = _shown(out, top)
+    for i, (_, row) in enumerate(rows.iterrows()):
+        cells = row_cells(row)
+        if i == 0:
+            for col in cells:
+                table.add_column(col, justify="right")
+        table.add_row(*cells.values())
+    fits = int(out["pred_fits"].astype(bool).sum())
+    lines = [
+        f"{a['candidates']:,} (tp, pp, batch) candidates: {fits:,} fit in memory, "
+        f"{a['feasible']:,} meet the budget; * = on the Pareto front of latency vs tokens/s/GPU",
+        f"serving constants: {a['constants']}",
+    ]
+    if not a["feasible"]:
+        lines.insert(0, f"nothing meets the budget; closest: {a['closest']}")
+    return Group(table, *lines)
+
+
+def _pareto_figure(out: pd.DataFrame) -> go.Figure:
+    """Latency metrics against throughput per GPU, the front highlighted, budgets as lines."""
+    a = out.attrs
+    fitting = out[out["pred_fits"].astype(bool)]
+    panels = (("pred_ttft_ms", "TTFT"), ("pred_tpot_ms", "TPOT"), ("pred_latency_ms", "latency"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{p} (ms)" for _, p in panels])
+    labels = (
+        "tp"
+        + fitting["tp"].astype(str)
+        + " pp"
+        + fitting["pp"].astype(str)
+        + " x"
+        + fitting["replicas"].astype(str)
+        + " b"
+        + fitting["batch_size"].astype(str)
+    )
+    for i, (col, name) in enumerate(panels, start=1):
+        for meets, group in (
+            (True, fitting[fitting["meets"]]),
+            (False, fitting[~fitting["meets"]]),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=group[col],
+                    y=group["pred_output_tokens_per_s_per_gpu"],
+                    mode="markers",
+                    name="meets the budget" if meets else "misses the budget",
+                    legendgroup=str(meets),
+                    showlegend=i == 1,
+                    marker={"size": 6, "color": "#1f77b4" if meets else "#bbbbbb"},
+                    text=labels[group.index],
+                    hovertemplate="%{text}<br>%{x:,.1f} ms<br>%{y:,.1f} tok/s/GPU<extra></extra>",
+                ),
+                row=1,
+                col=i,
+            )
+        front = fitting.sort_values(col)
+        best, keep = -1.0, []
+        for idx, value in front["pred_output_tokens_per_s_per_gpu"].items():
+            if value > best:
+                keep.append(idx)
+                best = value
+        line = front.loc[keep]
+        fig.add_trace(
+            go.Scatter(
+                x=line[col],
+                y=line["pred_output_tokens_per_s_per_gpu"],
+                mode="lines+markers",
+                name="Pareto front",
+                legendgroup="front",
+                showlegend=i == 1,
+                line={"color": "#d62728"},
+            ),
+            row=1,
+            col=i,
+        )
+        if name in a["budget"]:
+            fig.add_vline(x=a["budget"][name], line_dash="dash", line_color="black", row=1, col=i)
+        fig.update_xaxes(type="log", title_text=f"{name} ms", row=1, col=i)
+    if "throughput" in a["budget"]:
+        per_gpu = a["budget"]["throughput"] / a["gpus"]
+        fig.add_hline(y=per_gpu, line_dash="dash", line_color="black")
+    fig.update_yaxes(title_text="output tokens/s per GPU", row=1, col=1)
+    fig.update_layout(title="Latency against throughput (dashed: the budget)", height=520)
+    return fig
+
+
+def _measured_section(trials: pd.DataFrame) -> str:
+    """The measured trials: class, measured against predicted throughput, TTFT and TPOT."""
+
+    def num(value: object, fmt: str) -> str:
+        return "-" if value is None or pd.isna(value) else format(value, fmt)
+
+    rows = []
+    for _, t in trials.iterrows():
+        rows.append(
+            [
+                str(t["trial"]),
+                t["layout"],
+                t["class"],
+                num(t["measured_tokens_per_s_per_gpu"], ",.1f"),
+                num(t["pred_tokens_per_s_per_gpu"], ",.1f"),
+                num(t["error_pct"], "+.0f"),
+                num(t.get("measured_ttft_ms"), ",.1f"),
+                num(t.get("pred_ttft_ms"), ",.1f"),
+                num(t.get("measured_tpot_ms"), ",.2f"),
+                num(t.get("pred_tpot_ms"), ",.2f"),
+                t["reason"],
+            ]
+        )
+    head = [
+        "trial",
+        "point",
+        "class",
+        "measured tok/s/GPU",
+        "predicted",
+        "error %",
+        "TTFT ms",
+        "predicted",
+        "TPOT ms",
+        "predicted",
+        "reason",
+    ]
+    return "<h2>Measured trials</h2>" + _table("measured", head, rows)
+
+
+def render(out: pd.DataFrame, top: int = 15, trials: pd.DataFrame | None = None) -> str:
+    a = out.attrs
+    inputs = {
+        "model": a["model"],
+        "GPUs": f"{a['gpus']} x {a['gpu']}",
+        "input / output tokens": f"{a['input_len']} / {a['output_len']}",
+        "weights / KV precision": f"{a['precision']} / {a['kv_precision']}",
+        "budget": ", ".join(f"{k} {v:g}" for k, v in a["budget"].items()) or "none",
+        "objective": a["objective"],
+        "candidates": f"{a['candidates']:,}",
+        "meet the budget": f"{a['feasible']:,}",
+        "serving constants": a["constants"],
+    }
+    rows = [list(row_cells(r).values()) for _, r in _shown(out, top).iterrows()]
+    head = list(row_cells(out.iloc[0]).keys())
+    parts = [
+        f"<h1>autoconfig serving: {html.escape(a['model'])} on {a['gpus']} GPUs</h1>",
+        "<table id='inputs'>"
+        + "".join(f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in inputs.items())
+        + "</table>",
+        f"<p class='note'>{html.escape(accuracy_note())}</p>",
+    ]
+    if not a["feasible"]:
+        parts.append(
+            f"<p><b>Nothing meets the budget.</b> Closest: {html.escape(a['closest'])}</p>"
+        )
+    parts.append("<h2>Configurations</h2>" + _table("top", head, rows))
+    if trials is not None and len(trials):
+        parts.append(_measured_section(trials))
+    parts.append(pio.to_html(_pareto_figure(out), include_plotlyjs=True, full_html=False))
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig serving "
+        f"{html.escape(a['model'])}</title><style>{STYLE}</style></head><body>"
+        + "\n".join(parts)
+        + "</body></html>"
+    )
+
+
+def write(
+    out: pd.DataFrame,
+    folder: Path,
+    trials: pd.DataFrame | None = None,
+    ranking: pd.DataFrame | None = None,
+) -> None:
+    """results.csv (every candidate), best.json and report.html; with a measured search also
+    trials.csv (every trial) and measured.csv (measured where measured, else predicted)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _atomic_write(folder / "results.csv", out.to_csv(index=False))
+    best = None
+    if out.attrs["feasible"]:
+        row = out.iloc[0]
+        best = {
+            k: (v.item() if hasattr(v, "item") else v)
+            for k, v in row.items()
+            if not (isinstance(v, float) and pd.isna(v))
+        }
+    payload = {"inputs": dict(out.attrs), "best": best}
+    _atomic_write(folder / "best.json", json.dumps(payload, indent=2, default=str))
+    _atomic_write(folder / "report.html", render(out, trials=trials))
+    if trials is not None:
+        _atomic_write(folder / "trials.csv", trials.to_csv(index=False))
+    if ranking is not None:
+        _atomic_write(folder / "measured.csv", ranking.to_csv(index=False))
