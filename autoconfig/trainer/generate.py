@@ -109,13 +109,15 @@ class Generator:
             torch.cuda.synchronize()
 
     def generate_once(self) -> tuple[float, list[float]]:
-        """(prefill seconds, every decode step's seconds) of one generation."""
+        """(prefill seconds, every decode step's seconds) of one generation; the tokens it
+        produced are left in self.generated."""
         self._sync()
         begin = time.perf_counter()
         logits = forward(self.model, self.prompts, self.caches, 0)
         token = logits[:, -1].argmax(-1, keepdim=True)
         self._sync()
         prefill = time.perf_counter() - begin
+        self.generated = [token]
         steps = []
         pos = self.cfg.input_len
         for _ in range(self.cfg.output_len - 1):
@@ -124,6 +126,7 @@ class Generator:
             token = logits[:, -1].argmax(-1, keepdim=True)
             self._sync()
             steps.append(time.perf_counter() - begin)
+            self.generated.append(token)
             pos += 1
         return prefill, steps
 
@@ -164,4 +167,6 @@ def generate_rank(cfg: TrainConfig, rank: int, world: int, device: torch.device,
         "ttft_ms": 1e3 * statistics.median(ttfts[keep]),
         "tpot_ms": 1e3 * statistics.median(tpots[keep]),
         "memory": gen.memory().model_dump(),
+        # the first sequence's greedy tokens: equal across layouts when TP is right
+        "generated": torch.cat(gen.generated, dim=1)[0].tolist(),
     }
