@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["estimate", "estimate_frame", "search"]
+__all__ = ["estimate", "estimate_frame", "infer", "infer_frame", "search"]
 __version__ = "0.1.0"
 
 
