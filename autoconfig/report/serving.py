@@ -81,12 +81,23 @@ def terminal_view(out: pd.DataFrame, top: int) -> Group:
     fits = int(out["pred_fits"].astype(bool).sum())
     lines = [
         f"{a['candidates']:,} (tp, pp, batch) candidates: {fits:,} fit in memory, "
-        f"{a['feasible']:,} meet the budget; * = on the Pareto front of latency vs tokens/s/GPU",
+        f"{a['feasible']:,} meet the budget; * = on their Pareto front of latency vs tokens/s/GPU",
         f"serving constants: {a['constants']}",
     ]
     if not a["feasible"]:
         lines.insert(0, f"nothing meets the budget; closest: {a['closest']}")
     return Group(table, *lines)
+
+
+def _front(pool: pd.DataFrame, col: str) -> pd.DataFrame:
+    """Points no other beats on both `col` (lower) and tokens/s/GPU (higher)."""
+    ordered = pool.sort_values([col, "pred_output_tokens_per_s_per_gpu"], ascending=[True, False])
+    best, keep = -1.0, []
+    for idx, value in ordered["pred_output_tokens_per_s_per_gpu"].items():
+        if value > best:
+            keep.append(idx)
+            best = value
+    return ordered.loc[keep]
 
 
 def _pareto_figure(out: pd.DataFrame) -> go.Figure:
@@ -125,26 +136,23 @@ def _pareto_figure(out: pd.DataFrame) -> go.Figure:
                 row=1,
                 col=i,
             )
-        front = fitting.sort_values(col)
-        best, keep = -1.0, []
-        for idx, value in front["pred_output_tokens_per_s_per_gpu"].items():
-            if value > best:
-                keep.append(idx)
-                best = value
-        line = front.loc[keep]
-        fig.add_trace(
-            go.Scatter(
-                x=line[col],
-                y=line["pred_output_tokens_per_s_per_gpu"],
-                mode="lines+markers",
-                name="Pareto front",
-                legendgroup="front",
-                showlegend=i == 1,
-                line={"color": "#d62728"},
-            ),
-            row=1,
-            col=i,
-        )
+        eligible = fitting[fitting["meets"]] if fitting["meets"].any() else fitting
+        for kind, pool in (("all that fit", fitting), ("within the budget", eligible)):
+            line = _front(pool, col)
+            fig.add_trace(
+                go.Scatter(
+                    x=line[col],
+                    y=line["pred_output_tokens_per_s_per_gpu"],
+                    mode="lines+markers",
+                    name=f"Pareto front, {kind}",
+                    legendgroup=kind,
+                    showlegend=i == 1,
+                    line={"color": "#d62728", "dash": "dot" if kind == "all that fit" else "solid"},
+                    marker={"size": 4},
+                ),
+                row=1,
+                col=i,
+            )
         if name in a["budget"]:
             fig.add_vline(x=a["budget"][name], line_dash="dash", line_color="black", row=1, col=i)
         fig.update_xaxes(type="log", title_text=f"{name} ms", row=1, col=i)

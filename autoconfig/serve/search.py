@@ -204,7 +204,9 @@ def search(req: Request) -> pd.DataFrame:
         pruned[(pruned == "") & over] = text + f"{limit:,.0f} {unit}"
     out["pruned"] = pruned
     out["meets"] = pruned == ""
-    out["pareto"] = pareto_front(out, fits)
+    # The front among the points that meet the budget (all that fit, when none does).
+    meets = out["meets"] if out["meets"].any() else fits
+    out["pareto"] = pareto_front(out, meets)
     out["miss"] = _miss(out, req.budget)
     if req.objective == "latency":
         keys, ascending = (
