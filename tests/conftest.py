@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -43,3 +47,22 @@ def make_inputs(model: str = "gpt3-175b", gpu: str = "a100-sxm-80gb", **layout) 
 @pytest.fixture
 def inputs():
     return make_inputs
+
+
+def _slurm_up() -> str | None:
+    """Why SLURM cannot be used here, or None when sinfo sees an idle node."""
+    if shutil.which("sbatch") is None:
+        return "no sbatch on PATH (CI starts a one-node cluster with .ci/slurm_up.sh)"
+    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout.strip():
+        return f"sinfo sees no cluster ({done.stderr.strip()[:200]})"
+    return None
+
+
+@pytest.fixture
+def slurm() -> None:
+    reason = _slurm_up()
+    if reason and os.environ.get("AUTOCONFIG_REQUIRE_SLURM"):
+        pytest.fail(f"SLURM is required here but {reason}")
+    if reason:
+        pytest.skip(reason)

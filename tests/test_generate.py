@@ -99,3 +99,30 @@ def test_measured_serving_search_end_to_end(tmp_path: Path) -> None:
     assert "Measured trials" in page
     # the pipeline-parallel point was predicted but the generator cannot run it
     assert "tp1 pp2 batch 4" in pd.read_csv(out / "measured.csv")["label"].tolist()
+
+
+@pytest.mark.slow
+def test_measured_serving_trial_through_slurm(tmp_path: Path, slurm) -> None:
+    """A serving trial as one sbatch job whose srun starts the 2 TP ranks."""
+    out = tmp_path / "serve-slurm"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "autoconfig.cli", "infer", "--model", "tiny-llama",
+            "--gpus", "2", "--input-len", "16", "--output-len", "4", "--batch", "2",
+            "--objective", "latency", "--max-latency-ms", "100000", "--measure",
+            "--device", "cpu", "--executor", "slurm", "--gpus-per-node", "2", "--trials", "2",
+            "--steps", "2", "--warmup", "1", "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = pd.read_csv(out / "trials.csv")
+    assert (trials["class"] == "ok").all() and len(trials) == 2
+    assert set(trials["layout"]) == {"tp1 pp1 batch 2", "tp2 pp1 batch 2"}
+    import optuna
+
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    assert {t.user_attrs["executor"] for t in study.trials if "executor" in t.user_attrs} == {
+        "slurm"
+    }
+    assert all(int(t.user_attrs["job_id"]) > 0 for t in study.trials if "job_id" in t.user_attrs)

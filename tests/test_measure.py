@@ -5,7 +5,6 @@ and a search killed with SIGKILL then resumed."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -151,25 +150,6 @@ def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path) -> N
     trials = pd.read_csv(out / "trials.csv")
     counted = trials[trials["class"].isin(["ok", "oom", "timeout", "crash", "launch"])]
     assert len(counted) == 5
-
-
-def _slurm_up() -> str | None:
-    """Why SLURM cannot be used here, or None when sinfo sees an idle node."""
-    if shutil.which("sbatch") is None:
-        return "no sbatch on PATH (CI starts a one-node cluster with .ci/slurm_up.sh)"
-    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
-    if done.returncode != 0 or not done.stdout.strip():
-        return f"sinfo sees no cluster ({done.stderr.strip()[:200]})"
-    return None
-
-
-@pytest.fixture
-def slurm() -> None:
-    reason = _slurm_up()
-    if reason and os.environ.get("AUTOCONFIG_REQUIRE_SLURM"):
-        pytest.fail(f"SLURM is required here but {reason}")
-    if reason:
-        pytest.skip(reason)
 
 
 def test_slurm_measured_search_end_to_end(tmp_path, slurm) -> None:
