@@ -43,7 +43,8 @@ YES = {"y", "yes", "true", "1", "t"}
 NO = {"n", "no", "false", "0", "f"}
 
 
-def _text(df: pd.DataFrame, col: str) -> pd.Series:
+def text_column(df: pd.DataFrame, col: str) -> pd.Series:
+    """A column as stripped lower-case text ('' where missing or blank)."""
     if col not in df:
         return pd.Series([""] * len(df), index=df.index, dtype=object)
     return df[col].astype(object).where(df[col].notna(), "").astype(str).str.strip().str.lower()
@@ -51,7 +52,7 @@ def _text(df: pd.DataFrame, col: str) -> pd.Series:
 
 def _flag(df: pd.DataFrame, col: str, default: pd.Series | bool) -> tuple[pd.Series, pd.Series]:
     """A y/n column as float (blank/unknown -> default) and the rows holding something else."""
-    raw = _text(df, col)
+    raw = text_column(df, col)
     value = pd.Series(
         np.broadcast_to(np.asarray(default, dtype=float), len(df)).copy(), index=df.index
     )
@@ -124,7 +125,7 @@ def _fill_from_catalog(df: pd.DataFrame) -> pd.DataFrame:
     if "model" not in df:
         return df
     by_name = {name.lower(): spec for name, spec in catalog.models().items()}
-    names = _text(df, "model")
+    names = text_column(df, "model")
     matched = names[names.isin(by_name)]
     if matched.empty:
         return df
@@ -135,7 +136,7 @@ def _fill_from_catalog(df: pd.DataFrame) -> pd.DataFrame:
         for col in ARCH_COLUMNS:
             if col not in df:
                 df[col] = ""
-            blank = rows & _text(df, col).isin({"", "nan", "unknown"})
+            blank = rows & text_column(df, col).isin({"", "nan", "unknown"})
             df[col] = df[col].astype(object)
             df.loc[blank, col] = known[col]
     return df
@@ -177,14 +178,14 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
 
     # Architecture defaults: a blank MLP is SwiGLU when the shape says so (GQA, or an FFN
     # ratio other than GPT's 4), else GELU; a blank norm follows the MLP family.
-    mlp = _text(df, "mlp").replace({"squared-relu": "squared_relu", "relu2": "squared_relu"})
+    mlp = text_column(df, "mlp").replace({"squared-relu": "squared_relu", "relu2": "squared_relu"})
     llama_shape = (kv < heads) | (ffn.notna() & (ffn != 4 * hidden))
     mlp = mlp.where(mlp != "", np.where(llama_shape, "swiglu", "gelu"))
     err.add(~mlp.isin(MLP_CODES), "mlp: must be gelu, swiglu or squared_relu")
-    norm = _text(df, "norm")
+    norm = text_column(df, "norm")
     norm = norm.where(norm != "", np.where(mlp == "swiglu", "rmsnorm", "layernorm"))
     err.add(~norm.isin({"layernorm", "rmsnorm"}), "norm: must be layernorm or rmsnorm")
-    position = _text(df, "position")
+    position = text_column(df, "position")
     position = position.where(position != "", np.where(mlp == "swiglu", "rope", "learned"))
     tied, bad = _flag(df, "tied_embeddings", mlp != "swiglu")
     err.add(bad, "tied_embeddings: must be y or n")
@@ -205,12 +206,12 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
     err.add(bad, "sp: must be y, n or unknown")
     err.add((sp > 0) & (tp == 1), "sp: sequence parallel needs tp > 1")
 
-    zero_raw = _text(df, "zero")
+    zero_raw = text_column(df, "zero")
     zero = pd.to_numeric(zero_raw.where(~zero_raw.isin({"", "unknown"}), "1"), errors="coerce")
     err.add(zero.isna() | ~zero.isin([0, 1, 2, 3]), "zero: must be 0, 1, 2 or 3")
-    recompute = _text(df, "recompute").replace({"": "none", "unknown": "none"})
+    recompute = text_column(df, "recompute").replace({"": "none", "unknown": "none"})
     err.add(~recompute.isin(RECOMPUTE_CODES), "recompute: must be none, selective, full or op")
-    precision = _text(df, "precision").replace({"": "bf16"})
+    precision = text_column(df, "precision").replace({"": "bf16"})
     err.add(~precision.isin({"bf16", "fp16", "fp8"}), "precision: must be bf16, fp16 or fp8")
 
     # Layout rules: the run must be a real, complete layout.
@@ -236,7 +237,7 @@ def prepare(df: pd.DataFrame) -> tuple[CostInputs, pd.Series, pd.DataFrame]:
     err.add((experts > 0) & ((topk < 1) | (topk > experts)), "topk: must be in 1..num_experts")
 
     # Hardware columns, looked up once per distinct GPU name.
-    gpu_names = _text(df, "gpu")
+    gpu_names = text_column(df, "gpu")
     hw: dict[str, np.ndarray] = {}
     for name in gpu_names.unique():
         rows = (gpu_names == name).to_numpy()

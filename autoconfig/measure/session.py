@@ -68,7 +68,7 @@ def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int
         parallel=opts.parallel,
         budget_gpu_hours=opts.budget_gpu_hours,
         timeout_s=opts.timeout_min * 60,
-        faults=_faults(),
+        faults=faults_from_env(),
     )
     check_settings(settings)
     device = resolve_device(opts.device)
@@ -138,7 +138,7 @@ def _write(out: Path, ranked: pd.DataFrame, trials: pd.DataFrame, ranking: pd.Da
         tmp.replace(out / name)
 
 
-def _faults() -> dict[int, str]:
+def faults_from_env() -> dict[int, str]:
     spec = os.environ.get(FAULTS_ENV, "")
     out = {}
     for item in filter(None, spec.split(",")):

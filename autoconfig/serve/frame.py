@@ -16,7 +16,7 @@ import pandas as pd
 from autoconfig import catalog
 from autoconfig.cost.inference import ServeInputs, constant_columns, inference_constants
 from autoconfig.errors import UserError
-from autoconfig.frame import _text, prepare
+from autoconfig.frame import prepare, text_column
 
 REQUIRED = ("batch_size", "input_len", "output_len", "tp", "pp", "gpu")
 # fp32 is what the bundled model runs on CPU.
@@ -62,9 +62,9 @@ def prepare_serving(df: pd.DataFrame) -> tuple[ServeInputs, pd.Series, pd.DataFr
         replicas * per_replica != num_gpus,
         "num_gpus: must be a multiple of tp*pp (replicas = num_gpus / (tp*pp))",
     )
-    precision = _text(df, "precision").replace({"": "fp16"})
+    precision = text_column(df, "precision").replace({"": "fp16"})
     add(~precision.isin(WEIGHT_PRECISIONS), "precision: must be fp16, bf16, fp8, int8 or fp32")
-    kv_precision = _text(df, "kv_precision").replace({"": "auto"})
+    kv_precision = text_column(df, "kv_precision").replace({"": "auto"})
     kv_precision = kv_precision.where(
         kv_precision != "auto",
         precision.where(precision.isin({"fp16", "bf16", "fp32"}), "fp16"),
@@ -135,7 +135,7 @@ def _catalog_limits(df: pd.DataFrame) -> dict[str, pd.Series]:
     if "model" not in df:
         return {"max_seq_len": own}
     by_name = {name.lower(): spec for name, spec in catalog.models().items()}
-    names = _text(df, "model")
+    names = text_column(df, "model")
     known = names.map(
         lambda n: (by_name[n].max_seq_len or by_name[n].seq_len) if n in by_name else None
     )
@@ -144,7 +144,7 @@ def _catalog_limits(df: pd.DataFrame) -> dict[str, pd.Series]:
 
 def _constants(df: pd.DataFrame, errors: pd.Series) -> dict[str, np.ndarray]:
     """The serving efficiency constants of each row's GPU."""
-    names = _text(df, "gpu")
+    names = text_column(df, "gpu")
     out: dict[str, np.ndarray] = {}
     for name in names.unique():
         rows = (names == name).to_numpy()

@@ -17,7 +17,7 @@ from autoconfig.measure.launcher import Launcher
 from autoconfig.measure.progress import Progress
 from autoconfig.measure.runner import Runner, Settings, check_settings
 from autoconfig.measure.sampler import SAMPLERS, CandidateSampler
-from autoconfig.measure.session import MeasureOptions, _faults, resolve_device
+from autoconfig.measure.session import MeasureOptions, faults_from_env, resolve_device
 from autoconfig.measure.study import enqueue_top, open_storage, open_study, storage_url
 from autoconfig.report import serving
 from autoconfig.specs import ModelSpec
@@ -112,7 +112,7 @@ def run(out: pd.DataFrame, model: str | ModelSpec, gpu: str, opts: MeasureOption
         parallel=opts.parallel,
         budget_gpu_hours=opts.budget_gpu_hours,
         timeout_s=opts.timeout_min * 60,
-        faults=_faults(),
+        faults=faults_from_env(),
     )
     check_settings(settings)
     device = resolve_device(opts.device)
