@@ -10,7 +10,7 @@ from autoconfig import catalog
 from autoconfig.advice import closest_fix
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError, pydantic_message
-from autoconfig.frame import model_columns_for_frame, prepare
+from autoconfig.frame import model_columns_for_frame, prepare, with_predictions
 from autoconfig.rank import Constraints, cost_inputs, explain_winner, layout_label, rank
 from autoconfig.space import enumerate_candidates, load_space
 from autoconfig.specs import ModelSpec, ParallelConfig, SearchSpace
@@ -32,14 +32,8 @@ def _estimate(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     runs = runs.reset_index(drop=True)
     inputs, errors, resolved = prepare(runs)
     with np.errstate(all="ignore"):
-        preds = pd.DataFrame(evaluate(inputs), index=runs.index)
-    bad = errors != ""
-    preds["pred_fits"] = preds["pred_fits"].astype(object)
-    preds.loc[bad, :] = np.nan
-    extra = [c for c in preds.columns if c in runs.columns]
-    out = pd.concat([runs.drop(columns=extra), preds], axis=1)
-    out["error"] = errors
-    return out, resolved
+        preds = evaluate(inputs)
+    return with_predictions(runs, preds, errors), resolved
 
 
 def estimate(

@@ -6,6 +6,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import typer
@@ -13,6 +14,9 @@ import typer
 from autoconfig import api, catalog
 from autoconfig.errors import UserError
 from autoconfig.report import exports, files, terminal
+
+if TYPE_CHECKING:
+    from autoconfig.measure.session import MeasureOptions
 
 app = typer.Typer(
     add_completion=False,
@@ -217,33 +221,8 @@ def search(
     )
     if measure:
         from autoconfig.measure import session
-        from autoconfig.measure.launcher import SlurmOptions
 
-        opts = session.MeasureOptions(
-            out=out,
-            trials=trials,
-            sampler=sampler.value,
-            executor=executor.value,
-            device=device.value,
-            parallel=parallel,
-            steps=steps,
-            warmup=warmup,
-            timeout_min=trial_timeout_min,
-            budget_gpu_hours=budget_gpu_hours,
-            top_k=enqueue_top,
-            candidates=candidates,
-            storage=storage,
-            resume=resume,
-            trial_memory_gb=trial_memory_gb,
-            seed=seed,
-            slurm=SlurmOptions(
-                partition=slurm_partition,
-                account=slurm_account,
-                gpus_per_node=(gpus_per_node or 8) if not on_cpu else 0,
-                ranks_per_node=gpus_per_node or 8,
-                options=_pairs(slurm_option, "slurm-option"),
-            ),
-        )
+        opts = _measure_options(locals(), on_cpu)
         raise typer.Exit(session.run(ranked, model, gpu, opts))
     terminal.print_view(terminal.search_view(ranked, top, tokens, gpu_hour_usd))
     if out is not None:
@@ -381,35 +360,9 @@ def infer(
     )
     terminal.print_view(serving.terminal_view(result, top))
     if measure:
-        from autoconfig.measure import session
-        from autoconfig.measure.launcher import SlurmOptions
         from autoconfig.serve import measure as serve_measure
 
-        opts = session.MeasureOptions(
-            out=out,
-            trials=trials,
-            sampler=sampler.value,
-            executor=executor.value,
-            device=device.value,
-            parallel=parallel,
-            steps=steps,
-            warmup=warmup,
-            timeout_min=trial_timeout_min,
-            budget_gpu_hours=budget_gpu_hours,
-            top_k=enqueue_top,
-            candidates=candidates,
-            storage=storage,
-            resume=resume,
-            trial_memory_gb=trial_memory_gb,
-            seed=seed,
-            slurm=SlurmOptions(
-                partition=slurm_partition,
-                account=slurm_account,
-                gpus_per_node=(gpus_per_node or 8) if not on_cpu else 0,
-                ranks_per_node=gpus_per_node or 8,
-                options=_pairs(slurm_option, "slurm-option"),
-            ),
-        )
+        opts = _measure_options(locals(), on_cpu)
         raise typer.Exit(serve_measure.run(result, model, gpu, opts))
     if out is not None:
         serving.write(result, out)
@@ -444,6 +397,41 @@ def _write_batch(result: pd.DataFrame, out: Path | None) -> None:
         result.to_csv(tmp, index=False)
         tmp.replace(out)  # never leave a half-written file behind
         print(f"wrote {len(result)} rows to {out} ({bad} with an error)", file=sys.stderr)
+
+
+def _measure_options(flags: dict[str, Any], on_cpu: bool) -> MeasureOptions:
+    """The measured-trial options from a command's flags (`search` and `infer` name them alike,
+    so both pass their locals())."""
+    from autoconfig.measure.launcher import SlurmOptions
+    from autoconfig.measure.session import MeasureOptions
+
+    f = flags
+    node = f["gpus_per_node"]
+    return MeasureOptions(
+        out=f["out"],
+        trials=f["trials"],
+        sampler=f["sampler"].value,
+        executor=f["executor"].value,
+        device=f["device"].value,
+        parallel=f["parallel"],
+        steps=f["steps"],
+        warmup=f["warmup"],
+        timeout_min=f["trial_timeout_min"],
+        budget_gpu_hours=f["budget_gpu_hours"],
+        top_k=f["enqueue_top"],
+        candidates=f["candidates"],
+        storage=f["storage"],
+        resume=f["resume"],
+        trial_memory_gb=f["trial_memory_gb"],
+        seed=f["seed"],
+        slurm=SlurmOptions(
+            partition=f["slurm_partition"],
+            account=f["slurm_account"],
+            gpus_per_node=(node or 8) if not on_cpu else 0,
+            ranks_per_node=node or 8,
+            options=_pairs(f["slurm_option"], "slurm-option"),
+        ),
+    )
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:

@@ -374,3 +374,15 @@ def model_from_row(row: pd.Series) -> ModelSpec:
         topk=int(g("topk")) if experts else 0,
         moe_ffn_hidden=int(g("expert_ffn")) if experts else None,
     )
+
+
+def with_predictions(rows: pd.DataFrame, preds: dict, errors: pd.Series) -> pd.DataFrame:
+    """The input columns, then the prediction columns (blank on rows with an error), then
+    `error`. A prediction column of the input's name replaces it."""
+    preds = pd.DataFrame(preds, index=rows.index)
+    preds["pred_fits"] = preds["pred_fits"].astype(object)
+    preds.loc[errors != "", :] = np.nan
+    extra = [c for c in preds.columns if c in rows.columns]
+    out = pd.concat([rows.drop(columns=extra), preds], axis=1)
+    out["error"] = errors
+    return out

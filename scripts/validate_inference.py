@@ -22,15 +22,6 @@ from autoconfig.serve import validation as v
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-def _markdown(frame: pd.DataFrame) -> str:
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in frame.iterrows():
-        cells = [f"{x:.1f}" if isinstance(x, float) else str(x) for x in r.tolist()]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     start = time.perf_counter()
     runs = v.load_inference_runs()
@@ -79,11 +70,11 @@ def main() -> None:
                 "",
                 "## Latency and throughput",
                 "",
-                _markdown(table.round(1)),
+                table.round(1).to_markdown(index=False),
                 "",
                 "## TTFT and TPOT where published",
                 "",
-                _markdown(phases.round(2)),
+                phases.round(2).to_markdown(index=False),
                 "",
             ]
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -66,3 +67,23 @@ def slurm() -> None:
         pytest.fail(f"SLURM is required here but {reason}")
     if reason:
         pytest.skip(reason)
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`autoconfig ARGS` in a fresh interpreter, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "autoconfig.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """Bad input: exit code 2 and one line on stderr naming what is wrong, no traceback."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import assert_user_error
+from conftest import run_cli as run
 
 from autoconfig import validation
 
@@ -31,21 +31,6 @@ ESTIMATE = [
     "--seq-len",
     "8192",
 ]
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "autoconfig.cli", *args], capture_output=True, text=True, timeout=120
-    )
-
-
-def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_estimate_prints_breakdown() -> None:

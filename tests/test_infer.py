@@ -4,32 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import assert_user_error
+from conftest import run_cli as run
 
 from autoconfig import api
 from autoconfig.errors import UserError
 from autoconfig.validation import reference_dir
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "autoconfig.cli", *args], capture_output=True, text=True, timeout=300
-    )
-
-
-def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
 
 LLAMA = dict(model="llama2-70b", gpu="h100-sxm-80gb", gpus=8, input_len=2048, output_len=256)
 

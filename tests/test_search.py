@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli as run
 
 from autoconfig import api, catalog
 from autoconfig.errors import UserError
@@ -118,12 +119,6 @@ def test_malformed_space_file_names_line_and_field(tmp_path: Path) -> None:
     bad.write_text("tp: [0, 2]\n")
     with pytest.raises(UserError, match="tp"):
         api.search("gpt3-175b", 1024, space=str(bad))
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "autoconfig.cli", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_cli_search_writes_outputs_and_emits(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from autoconfig.cost import comm
 from autoconfig.cost.inputs import Col, CostInputs
 from autoconfig.cost.layer import Op, head_ops, layer_ops
 from autoconfig.cost.memory import stage_params
+from autoconfig.cost.timing import kernel_count
 from autoconfig.specs import GIB, GPUSpec, InferenceEfficiency
 
 INFERENCE_COLUMNS = (
@@ -116,14 +117,6 @@ def _gemm(s: ServeInputs, op: Op, tokens: Col, weight_share: Col | float = 1.0) 
     return np.maximum(compute, traffic / (x.hbm_bytes_s * s.eff_memory))
 
 
-def _kernel_count(ops: list[Op]) -> Col:
-    out: Col | float = 0.0
-    for op in ops:
-        present = (np.asarray(op.flops) + np.asarray(op.moved) + np.asarray(op.saved)) > 0
-        out = out + np.where(present, op.kernels, 0.0)
-    return np.asarray(out)
-
-
 def small_all_reduce(s: ServeInputs, nbytes: Col) -> Col:
     """One TP all-reduce: latency-bound tree for small messages, ring bandwidth for big ones."""
     x = s.x
@@ -169,7 +162,7 @@ def _layer_phase(
             work = work + _gemm(s, op, tokens, share)
         elif op.kind == "memory":
             work = work + op.moved * tokens / (x.hbm_bytes_s * s.eff_memory)
-    kernels = (_kernel_count(ops) + np.where(x.tp > 1, 2.0, 0.0)) * s.kernel_s
+    kernels = (kernel_count(ops) + np.where(x.tp > 1, 2.0, 0.0)) * s.kernel_s
     tp = 2.0 * small_all_reduce(s, 2.0 * tokens * x.hidden)
     return Phase(np.asarray(work), np.asarray(kernels), np.asarray(tp))
 

@@ -48,7 +48,7 @@ def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
     return op.moved * tokens / (x.hbm_bytes_s * x.eff_memory)
 
 
-def _kernels(ops: list[Op]) -> Col:
+def kernel_count(ops: list[Op]) -> Col:
     """Forward kernel launches of the ops that exist for each candidate."""
     out: Col | float = 0.0
     for op in ops:
@@ -113,14 +113,14 @@ def step_time(
     # The host launches kernels asynchronously: a layer takes the longer of its GPU time and
     # the time to launch its kernels (eager frameworks turn launch-bound at small per-rank
     # work, e.g. small micro-batches with wide TP).
-    launch_f = (_kernels(ops) + tp_collectives) * x.kernel_s
+    launch_f = (kernel_count(ops) + tp_collectives) * x.kernel_s
     f_busy, b_busy = f_gpu + 2.0 * tp_one, b_gpu + 2.0 * tp_one
     f_layer = np.maximum(f_busy, launch_f)
     b_layer = np.maximum(b_busy, 2.0 * launch_f)
     launch_excess = (f_layer - f_busy) + (b_layer - b_busy)
     recompute_ops = [op for op in ops if op.dropped_by_selective or op.kind == "attention"]
     f_attn, _ = _fwd_bwd(x, recompute_ops, tokens)
-    f_attn = np.maximum(f_attn, _kernels(recompute_ops) * x.kernel_s)
+    f_attn = np.maximum(f_attn, kernel_count(recompute_ops) * x.kernel_s)
     recomputed = np.where(x.recompute == 2, np.minimum(x.recompute_layers, per_stage), 0.0)
     # Op-level SAC re-runs every memory-bound op and half of the matmuls.
     f_cheap, _ = _fwd_bwd(x, [op for op in ops if op.kind == "memory"], tokens)

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import optuna
 import pandas as pd
 from rich.console import Console
 
@@ -53,8 +54,8 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int:
-    """Measure the best candidates of `ranked`; returns the exit code (0: something measured)."""
+def check_options(opts: MeasureOptions) -> Settings:
+    """Every option check that can refuse the request, before anything is built."""
     if opts.sampler not in SAMPLERS:
         raise UserError(f"sampler: '{opts.sampler}' is not one of {', '.join(SAMPLERS)}")
     if opts.executor not in ("local", "slurm"):
@@ -71,9 +72,11 @@ def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int
         faults=faults_from_env(),
     )
     check_settings(settings)
-    device = resolve_device(opts.device)
-    if not ranked.attrs.get("feasible"):
-        raise UserError("measure: no layout fits in memory, so there is nothing to measure")
+    return settings
+
+
+def trial_overrides(opts: MeasureOptions, device: str, gpu: str) -> dict[str, object]:
+    """What every trial's run configuration takes from the options."""
     overrides: dict[str, object] = {
         "steps": opts.steps,
         "warmup": opts.warmup,
@@ -82,8 +85,21 @@ def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int
     }
     if opts.trial_memory_gb is not None:
         overrides["memory_limit_gb"] = opts.trial_memory_gb
-    table = cand.build(ranked, model, opts.candidates, overrides)
-    worlds = [int(c.tp * c.pp * c.dp * c.cp) for c in table.runnable().itertuples()]
+    return overrides
+
+
+def measure(
+    table: cand.Candidates,
+    opts: MeasureOptions,
+    settings: Settings,
+    device: str,
+    fingerprint: dict[str, object],
+    what: str,
+) -> tuple[pd.DataFrame, pd.DataFrame, optuna.Study]:
+    """Run (or resume) the study over `table`'s runnable candidates; returns the trials, the
+    measured-else-predicted ranking and the study. `what` names the candidates in messages."""
+    runnable = table.runnable()
+    worlds = [int(c.tp * c.pp * c.dp * c.cp) for c in runnable.itertuples()]
     launcher = Launcher(opts.executor, settings.timeout_s, device, opts.slurm)
     if worlds:
         launcher.preflight(worlds)
@@ -91,17 +107,8 @@ def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int
     if opts.storage is None:
         opts.out.mkdir(parents=True, exist_ok=True)
     storage = open_storage(url)
-    fingerprint = {
-        "model": str(ranked.attrs["model"]),
-        "gpus": int(ranked.attrs["gpus"]),
-        "gpu": gpu,
-        "seq_len": int(ranked.attrs["seq_len"]),
-        "gbs": int(ranked.attrs["gbs"]),
-        "precision": str(ranked.attrs["precision"]),
-        "space": table.fingerprint(),
-        "steps": opts.steps,
-        "device": device,
-    }
+    fingerprint = {**fingerprint, "space": table.fingerprint(), "steps": opts.steps}
+    fingerprint["device"] = device
     sampler = CandidateSampler(table.table, opts.sampler, opts.seed, startup=max(opts.top_k, 1))
     study = open_study(storage, fingerprint, opts.resume, sampler, str(opts.out))
     console = Console(stderr=True)
@@ -111,7 +118,7 @@ def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int
             runner.record_refused_top()
             queued = enqueue_top(study, table, min(opts.top_k, opts.trials))
             console.print(
-                f"measuring up to {opts.trials} of {len(table.runnable())} runnable candidates "
+                f"measuring up to {opts.trials} of {len(runnable)} runnable {what} "
                 f"({opts.executor}, {device}); analytical top {len(queued)} first, then "
                 f"{opts.sampler}; study in {url}",
                 highlight=False,
@@ -121,12 +128,38 @@ def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int
             console.print(f"resuming: {done} finished trial(s) kept", highlight=False)
         runner.run()
     trials = summary.trials_frame(study)
-    ranking = summary.ranking(table, trials)
-    _write(opts.out, ranked, trials, ranking)
+    return trials, summary.ranking(table, trials), study
+
+
+def finish(opts: MeasureOptions, trials: pd.DataFrame, ranking: pd.DataFrame) -> int:
+    """Show the ranking; the exit code (0: something was measured)."""
     summary.show(ranking, trials, 10, Console())
-    console.print(f"wrote {opts.out}/trials.csv, measured.csv and report.html", highlight=False)
-    measured_any = len(trials) > 0 and bool((trials["class"] == "ok").any())
-    return 0 if measured_any else 1
+    Console(stderr=True).print(
+        f"wrote {opts.out}/trials.csv, measured.csv and report.html", highlight=False
+    )
+    return 0 if len(trials) > 0 and bool((trials["class"] == "ok").any()) else 1
+
+
+def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int:
+    """Measure the best candidates of `ranked`; returns the exit code (0: something measured)."""
+    settings = check_options(opts)
+    device = resolve_device(opts.device)
+    if not ranked.attrs.get("feasible"):
+        raise UserError("measure: no layout fits in memory, so there is nothing to measure")
+    overrides = trial_overrides(opts, device, gpu)
+    table = cand.build(ranked, model, opts.candidates, overrides)
+    a = ranked.attrs
+    fingerprint = {
+        "model": str(a["model"]),
+        "gpus": int(a["gpus"]),
+        "gpu": gpu,
+        "seq_len": int(a["seq_len"]),
+        "gbs": int(a["gbs"]),
+        "precision": str(a["precision"]),
+    }
+    trials, ranking, _ = measure(table, opts, settings, device, fingerprint, "candidates")
+    _write(opts.out, ranked, trials, ranking)
+    return finish(opts, trials, ranking)
 
 
 def _write(out: Path, ranked: pd.DataFrame, trials: pd.DataFrame, ranking: pd.DataFrame) -> None:

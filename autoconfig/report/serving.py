@@ -16,6 +16,7 @@ from rich.table import Table
 
 from autoconfig.report.files import _atomic_write
 from autoconfig.report.html import STYLE, _table
+from autoconfig.serve.search import pareto_front
 
 ACCURACY_FILE = Path(__file__).resolve().parent.parent.parent / "docs" / "inference_accuracy.json"
 
@@ -89,17 +90,6 @@ def terminal_view(out: pd.DataFrame, top: int) -> Group:
     return Group(table, *lines)
 
 
-def _front(pool: pd.DataFrame, col: str) -> pd.DataFrame:
-    """Points no other beats on both `col` (lower) and tokens/s/GPU (higher)."""
-    ordered = pool.sort_values([col, "pred_output_tokens_per_s_per_gpu"], ascending=[True, False])
-    best, keep = -1.0, []
-    for idx, value in ordered["pred_output_tokens_per_s_per_gpu"].items():
-        if value > best:
-            keep.append(idx)
-            best = value
-    return ordered.loc[keep]
-
-
 def _pareto_figure(out: pd.DataFrame) -> go.Figure:
     """Latency metrics against throughput per GPU, the front highlighted, budgets as lines."""
     a = out.attrs
@@ -138,7 +128,7 @@ def _pareto_figure(out: pd.DataFrame) -> go.Figure:
             )
         eligible = fitting[fitting["meets"]] if fitting["meets"].any() else fitting
         for kind, pool in (("all that fit", fitting), ("within the budget", eligible)):
-            line = _front(pool, col)
+            line = pool[pareto_front(pool, col=col)].sort_values(col)
             fig.add_trace(
                 go.Scatter(
                     x=line[col],

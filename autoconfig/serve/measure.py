@@ -8,17 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
-from rich.console import Console
 
 from autoconfig.errors import UserError
-from autoconfig.measure import summary
+from autoconfig.measure import session
 from autoconfig.measure.candidates import DIMS, Candidates, key_of
-from autoconfig.measure.launcher import Launcher
-from autoconfig.measure.progress import Progress
-from autoconfig.measure.runner import Runner, Settings, check_settings
-from autoconfig.measure.sampler import SAMPLERS, CandidateSampler
-from autoconfig.measure.session import MeasureOptions, faults_from_env, resolve_device
-from autoconfig.measure.study import enqueue_top, open_storage, open_study, storage_url
+from autoconfig.measure.session import MeasureOptions
 from autoconfig.report import serving
 from autoconfig.specs import ModelSpec
 from autoconfig.trainer.config import TrainConfig, make_config
@@ -103,38 +97,12 @@ def build(
 
 def run(out: pd.DataFrame, model: str | ModelSpec, gpu: str, opts: MeasureOptions) -> int:
     """Measure the best serving points of `out`; returns the exit code (0: something ran)."""
-    if opts.sampler not in SAMPLERS:
-        raise UserError(f"sampler: '{opts.sampler}' is not one of {', '.join(SAMPLERS)}")
-    if opts.executor not in ("local", "slurm"):
-        raise UserError(f"executor: '{opts.executor}' is not one of local, slurm")
-    settings = Settings(
-        trials=opts.trials,
-        parallel=opts.parallel,
-        budget_gpu_hours=opts.budget_gpu_hours,
-        timeout_s=opts.timeout_min * 60,
-        faults=faults_from_env(),
-    )
-    check_settings(settings)
-    device = resolve_device(opts.device)
-    overrides: dict[str, object] = {
-        "steps": opts.steps,
-        "warmup": opts.warmup,
-        "device": device,
-        "gpu": gpu,
-    }
-    if opts.trial_memory_gb is not None:
-        overrides["memory_limit_gb"] = opts.trial_memory_gb
-    cands = build(out, model, opts.candidates, overrides)
-    runnable = cands.runnable()
-    if runnable.empty:
+    settings = session.check_options(opts)
+    device = session.resolve_device(opts.device)
+    cands = build(out, model, opts.candidates, session.trial_overrides(opts, device, gpu))
+    if cands.runnable().empty:
         reason = cands.table["refused"].iloc[0] if len(cands.table) else "no candidate fits"
         raise UserError(f"measure: the bundled generator can run none of the points ({reason})")
-    launcher = Launcher(opts.executor, settings.timeout_s, device, opts.slurm)
-    launcher.preflight([int(t) for t in runnable["tp"]])
-    url = storage_url(opts.out, opts.storage)
-    if opts.storage is None:
-        opts.out.mkdir(parents=True, exist_ok=True)
-    storage = open_storage(url)
     a = out.attrs
     fingerprint = {
         "task": "serve",
@@ -143,33 +111,13 @@ def run(out: pd.DataFrame, model: str | ModelSpec, gpu: str, opts: MeasureOption
         "gpu": gpu,
         "input_len": int(a["input_len"]),
         "output_len": int(a["output_len"]),
-        "space": cands.fingerprint(),
-        "steps": opts.steps,
-        "device": device,
     }
-    sampler = CandidateSampler(cands.table, opts.sampler, opts.seed, startup=max(opts.top_k, 1))
-    study = open_study(storage, fingerprint, opts.resume, sampler, str(opts.out))
-    console = Console(stderr=True)
-    with Progress(console) as progress:
-        runner = Runner(study, cands, launcher, settings, opts.out, progress)
-        if not opts.resume:
-            runner.record_refused_top()
-            queued = enqueue_top(study, cands, min(opts.top_k, opts.trials))
-            console.print(
-                f"measuring up to {opts.trials} of {len(runnable)} runnable serving points "
-                f"({opts.executor}, {device}); analytical top {len(queued)} first, then "
-                f"{opts.sampler}; study in {url}",
-                highlight=False,
-            )
-        else:
-            console.print(f"resuming: {len(runner.finished())} finished trial(s) kept")
-        runner.run()
-    trials = _with_phases(summary.trials_frame(study), study)
-    ranking = summary.ranking(cands, trials)
+    trials, ranking, study = session.measure(
+        cands, opts, settings, device, fingerprint, "serving points"
+    )
+    trials = _with_phases(trials, study)
     serving.write(out, opts.out, trials=trials, ranking=ranking)
-    summary.show(ranking, trials, 10, Console())
-    console.print(f"wrote {opts.out}/trials.csv, measured.csv and report.html", highlight=False)
-    return 0 if len(trials) and bool((trials["class"] == "ok").any()) else 1
+    return session.finish(opts, trials, ranking)
 
 
 def _with_phases(trials: pd.DataFrame, study) -> pd.DataFrame:

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from autoconfig.cost.inference import INFERENCE_COLUMNS, evaluate_serving
+from autoconfig.frame import with_predictions
 from autoconfig.serve.frame import prepare_serving
 
 
@@ -18,11 +19,5 @@ def predict_frame(points: pd.DataFrame) -> pd.DataFrame:
     points = points.reset_index(drop=True)
     inputs, errors, _ = prepare_serving(points)
     with np.errstate(all="ignore"):
-        preds = pd.DataFrame(evaluate_serving(inputs), index=points.index)
-    bad = errors != ""
-    preds["pred_fits"] = preds["pred_fits"].astype(object)
-    preds.loc[bad, :] = np.nan
-    extra = [c for c in preds.columns if c in points.columns]
-    out = pd.concat([points.drop(columns=extra), preds], axis=1)
-    out["error"] = errors
-    return out
+        preds = evaluate_serving(inputs)
+    return with_predictions(points, preds, errors)

@@ -249,17 +249,18 @@ def search(req: Request) -> pd.DataFrame:
     return out
 
 
-def pareto_front(out: pd.DataFrame, eligible: pd.Series) -> pd.Series:
-    """Rows no other eligible row beats on both latency (lower) and throughput per GPU (higher)."""
-    front = pd.Series(False, index=out.index)
-    rows = out[eligible].sort_values(
-        ["pred_latency_ms", "pred_output_tokens_per_s_per_gpu"], ascending=[True, False]
+def pareto_front(
+    out: pd.DataFrame, eligible: pd.Series | None = None, col: str = "pred_latency_ms"
+) -> pd.Series:
+    """Eligible rows no other eligible row beats on both `col` (lower) and throughput per GPU
+    (higher): in order of `col`, the rows that raise the best throughput seen so far."""
+    rows = (out if eligible is None else out[eligible]).sort_values(
+        [col, "pred_output_tokens_per_s_per_gpu"], ascending=[True, False]
     )
-    best = -np.inf
-    for idx, tput in rows["pred_output_tokens_per_s_per_gpu"].items():
-        if tput > best:
-            front[idx] = True
-            best = tput
+    tput = rows["pred_output_tokens_per_s_per_gpu"]
+    best_before = tput.cummax().shift(1, fill_value=-np.inf)
+    front = pd.Series(False, index=out.index)
+    front[rows.index[(tput > best_before).to_numpy()]] = True
     return front
 
 
