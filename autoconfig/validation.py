@@ -150,6 +150,76 @@ def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# What fixes a training run's speed in the reference table, short of the ZeRO stage.
+LAYOUT = [
+    "source_group",
+    "model",
+    "gpu",
+    "num_gpus",
+    "tp",
+    "pp",
+    "vp",
+    "cp",
+    "ep",
+    "dp",
+    "sp",
+    "mbs",
+    "gbs",
+    "seq_len",
+    "precision",
+    "recompute",
+]
+
+
+# Sweeps in which every setting that varies between runs is a column of the table (the
+# torchtitan rows, by contrast, differ in torch.compile, async TP and float8 only in `notes`).
+SWEEPS = ("Ultra-Scale Playbook",)
+
+
+def repeat_spread(
+    runs: pd.DataFrame, measured: pd.Series, groups: tuple[str, ...] = SWEEPS
+) -> pd.DataFrame:
+    """How far apart the measured throughputs of one layout lie, without any model:
+
+    - *repeated*: the same layout and ZeRO stage measured more than once (max / min);
+    - *ZeRO-0 vs ZeRO-1*: one layout measured with both. ZeRO-1 replaces the data-parallel
+      all-reduce by a reduce-scatter and an all-gather of the same bytes and shards only the
+      optimizer step (Rajbhandari et al. 2020, "ZeRO", Sec. 5 and 7), so the two should agree
+      within a few per cent.
+
+    A pair more than 1.5x apart cannot both lie within +-20% of one prediction (1.2 / 0.8 =
+    1.5): that is the floor on the error any model that predicts them alike must show.
+    """
+    keep = (runs["status"] == "ok") & measured.notna() & runs["source_group"].isin(groups)
+    ok = runs.assign(measured=measured).loc[keep]
+    ok = ok.assign(zero=ok["zero"].astype(str))
+    pairs: list[tuple[str, str, float]] = []
+    for keys, g in ok.groupby(LAYOUT, dropna=False):
+        group = keys[0]
+        for _, same in g.groupby("zero"):
+            if len(same) > 1:
+                pairs.append(("repeated", group, same["measured"].max() / same["measured"].min()))
+        by_zero = g.groupby("zero")["measured"].median()
+        if {"0", "1"} <= set(by_zero.index):
+            a, b = by_zero["0"], by_zero["1"]
+            pairs.append(("ZeRO-0 vs ZeRO-1", group, max(a, b) / min(a, b)))
+    frame = pd.DataFrame(pairs, columns=["comparison", "source_group", "ratio"])
+    rows = []
+    for (kind, group), g in frame.groupby(["comparison", "source_group"]):
+        rows.append(
+            {
+                "comparison": kind,
+                "source_group": group,
+                "pairs": len(g),
+                "median_ratio": g["ratio"].median(),
+                "over_1.2x_%": 100 * (g["ratio"] > 1.2).mean(),
+                "over_1.5x_%": 100 * (g["ratio"] > 1.5).mean(),
+                "over_2x_%": 100 * (g["ratio"] > 2.0).mean(),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def fits_table(out: pd.DataFrame) -> pd.DataFrame:
     valid = out[out["error"] == ""]
     rows = []

@@ -32,6 +32,7 @@ def main() -> None:
     fits = v.fits_table(out)
     mem = v.memory_table(out)
     errors = out.loc[out["error"] != "", "error"].value_counts()
+    spread = v.repeat_spread(runs, out["measured_tps"])
 
     pd.set_option("display.width", 200)
     print(throughput.round(1).to_string(index=False))
@@ -42,6 +43,7 @@ def main() -> None:
     )
     print(fits.round(1).to_string(index=False))
     print(mem.round(1).to_string(index=False))
+    print(spread.round(2).to_string(index=False))
     print(f"{len(runs)} rows estimated in {elapsed:.2f} s; rows not estimable:")
     print(errors.to_string())
 
@@ -81,6 +83,16 @@ def main() -> None:
                 "## Peak memory where measured",
                 "",
                 mem.round(1).to_markdown(index=False),
+                "",
+                "## How far repeated measurements of one layout disagree (no model involved)",
+                "",
+                "Pairs of runs with the same layout (model, GPUs, tp, pp, vp, cp, ep, dp, sp, "
+                "mbs, gbs, sequence, precision, recompute): measured twice with the same ZeRO "
+                "stage, or once with ZeRO-0 and once with ZeRO-1, which moves the same gradient "
+                "bytes. A pair more than 1.5x apart cannot both lie within +-20% of one "
+                "prediction.",
+                "",
+                spread.round(2).to_markdown(index=False),
                 "",
                 "## Rows the batch estimate refused (their `error` column)",
                 "",
