@@ -55,15 +55,22 @@ def in_fit_set(run_id: str) -> bool:
     return int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % 3 == 0
 
 
-def load_training_runs(path: Path | None = None) -> pd.DataFrame:
-    runs = pd.read_csv(
-        path or reference_dir() / "training_runs.csv", dtype=str, keep_default_na=False
-    )
-    for group, facts in SOURCE_FACTS.items():
-        for col, value in facts.items():
+def read_reference(path: Path, facts: dict[str, dict[str, str]], key: str) -> pd.DataFrame:
+    """A reference table as text, with the stated facts written into the rows whose `key`
+    column names their source (a fact's column is added blank where the CSV lacks it)."""
+    runs = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for source, values in facts.items():
+        for col, value in values.items():
             if col not in runs:
                 runs[col] = ""
-            runs.loc[runs["source_group"] == group, col] = value
+            runs.loc[runs[key] == source, col] = value
+    return runs
+
+
+def load_training_runs(path: Path | None = None) -> pd.DataFrame:
+    runs = read_reference(
+        path or reference_dir() / "training_runs.csv", SOURCE_FACTS, "source_group"
+    )
     for group, meaning in RECOMPUTE_MEANING.items():
         rows = runs["source_group"] == group
         runs.loc[rows, "recompute"] = runs.loc[rows, "recompute"].replace(meaning)
@@ -191,19 +198,30 @@ def repeat_spread(
     1.5): that is the floor on the error any model that predicts them alike must show.
     """
     keep = (runs["status"] == "ok") & measured.notna() & runs["source_group"].isin(groups)
-    ok = runs.assign(measured=measured).loc[keep]
-    ok = ok.assign(zero=ok["zero"].astype(str))
-    pairs: list[tuple[str, str, float]] = []
-    for keys, g in ok.groupby(LAYOUT, dropna=False):
-        group = keys[0]
-        for _, same in g.groupby("zero"):
-            if len(same) > 1:
-                pairs.append(("repeated", group, same["measured"].max() / same["measured"].min()))
-        by_zero = g.groupby("zero")["measured"].median()
-        if {"0", "1"} <= set(by_zero.index):
-            a, b = by_zero["0"], by_zero["1"]
-            pairs.append(("ZeRO-0 vs ZeRO-1", group, max(a, b) / min(a, b)))
-    frame = pd.DataFrame(pairs, columns=["comparison", "source_group", "ratio"])
+    ok = runs.assign(measured=measured, zero=runs["zero"].astype(str)).loc[keep]
+    stats = ok.groupby([*LAYOUT, "zero"], dropna=False)["measured"].agg(
+        ["count", "min", "max", "median"]
+    )
+    repeats = stats[stats["count"] > 1]
+    by_zero = stats["median"].unstack("zero").reindex(columns=["0", "1"]).dropna()
+    frame = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "comparison": "repeated",
+                    "source_group": repeats.index.get_level_values("source_group"),
+                    "ratio": (repeats["max"] / repeats["min"]).to_numpy(),
+                }
+            ),
+            pd.DataFrame(
+                {
+                    "comparison": "ZeRO-0 vs ZeRO-1",
+                    "source_group": by_zero.index.get_level_values("source_group"),
+                    "ratio": (by_zero.max(axis=1) / by_zero.min(axis=1)).to_numpy(),
+                }
+            ),
+        ]
+    )
     rows = []
     for (kind, group), g in frame.groupby(["comparison", "source_group"]):
         rows.append(

@@ -149,6 +149,15 @@ class Phase:
     def total(self) -> Col:
         return self.compute + self.kernels + self.tp_comm
 
+    def stage(self, layers: Col, head: Phase) -> Phase:
+        """A stage of `layers` such layers plus the LM head (which only the last stage runs,
+        but the slowest stage sets the pace)."""
+        return Phase(
+            layers * self.compute + head.compute,
+            layers * self.kernels + head.kernels,
+            layers * self.tp_comm + head.tp_comm,
+        )
+
 
 def _layer_phase(
     s: ServeInputs, ops: list[Op], tokens: Col, attention: Col, expert_share: Col
@@ -215,12 +224,9 @@ def serve_time(s: ServeInputs) -> ServeTime:
     attn_eff = np.where(x.flash > 0, x.eff_attention, s.eff_gemm)
     attn_prefill = attn_op.flops * tokens * causal / (x.peak_bf16_flops * attn_eff)
     layer_p = _layer_phase(s, ops, tokens, attn_prefill, _expert_share(x, tokens))
-    head_p = _head_phase(s, mb)
-    prefill = Phase(
-        per_stage * layer_p.compute + head_p.compute,
-        per_stage * layer_p.kernels + head_p.kernels,
-        per_stage * layer_p.tp_comm + head_p.tp_comm,
-    )
+    # The LM head runs on one token per sequence in prefill and in decode alike.
+    head = _head_phase(s, mb)
+    prefill = layer_p.stage(per_stage, head)
 
     # One decode step of one micro-batch through one stage, at the mean cached context.
     context = s.input_len + s.output_len / 2.0
@@ -232,12 +238,7 @@ def serve_time(s: ServeInputs) -> ServeTime:
         attn_bytes / (x.hbm_bytes_s * s.eff_memory),
     )
     layer_d = _layer_phase(s, ops, mb, attn_decode, _expert_share(x, mb))
-    head_d = _head_phase(s, mb)
-    decode = Phase(
-        per_stage * layer_d.compute + head_d.compute,
-        per_stage * layer_d.kernels + head_d.kernels,
-        per_stage * layer_d.tp_comm + head_d.tp_comm,
-    )
+    decode = layer_d.stage(per_stage, head)
 
     link = comm.pp_link(x)
     hop_p = np.where(x.pp > 1, comm.p2p(2.0 * tokens * x.hidden / x.tp, link), 0.0)

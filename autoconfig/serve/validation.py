@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from autoconfig.serve.predict import predict_frame
-from autoconfig.validation import error_stats, in_fit_set, reference_dir
+from autoconfig.validation import error_stats, in_fit_set, read_reference, reference_dir
 
 SOURCE_FACTS = {
     "fastertransformer": {"flash_attention": "n"},
@@ -26,14 +26,7 @@ FIT_FRAMEWORKS = ("fastertransformer",)
 
 
 def load_inference_runs(path: Path | None = None) -> pd.DataFrame:
-    runs = pd.read_csv(
-        path or reference_dir() / "inference_runs.csv", dtype=str, keep_default_na=False
-    )
-    for framework, facts in SOURCE_FACTS.items():
-        for col, value in facts.items():
-            if col not in runs:
-                runs[col] = ""
-            runs.loc[runs["framework"] == framework, col] = value
+    runs = read_reference(path or reference_dir() / "inference_runs.csv", SOURCE_FACTS, "framework")
     runs["fit_set"] = runs["run_id"].map(in_fit_set) & runs["framework"].isin(FIT_FRAMEWORKS)
     return runs
 
