@@ -1,4 +1,5 @@
-"""The catalog: model and GPU profiles from profiles/, plus Hugging Face config.json import."""
+"""The catalog: model and GPU profiles shipped with the package (or AUTOCONFIG_PROFILES),
+profile files by path, Hugging Face config.json import, and which serving constants a GPU uses."""
 
 from __future__ import annotations
 
@@ -6,30 +7,30 @@ import difflib
 import json
 import os
 from functools import cache
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
+from autoconfig import resources
 from autoconfig.errors import UserError, pydantic_message
-from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.specs import ClusterSpec, GPUSpec, InferenceEfficiency, ModelSpec
 
 
-def profiles_dir() -> Path:
-    """profiles/ at the repository root (AUTOCONFIG_PROFILES overrides it)."""
-    env = os.environ.get("AUTOCONFIG_PROFILES")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "profiles"
-
-
-def _read_yaml(path: Path) -> dict:
+def read_yaml(path: Traversable, what: str = "") -> dict:
+    """A YAML mapping from a file; one line naming the file (and line) when it is not one."""
+    where = f"{what}: {path}" if what else str(path)
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise UserError(f"{where}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise UserError(f"{where}: not a YAML text file") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping of fields")
+        raise UserError(f"{where}: expected a mapping of fields")
     return data
 
 
@@ -37,9 +38,9 @@ def _read_yaml(path: Path) -> dict:
 def models() -> dict[str, ModelSpec]:
     """Catalog models by name (aliases included)."""
     out: dict[str, ModelSpec] = {}
-    for path in sorted((profiles_dir() / "models").glob("*.yaml")):
+    for path in resources.yaml_files(resources.profiles() / "models"):
         try:
-            spec = ModelSpec(**_read_yaml(path))
+            spec = ModelSpec(**read_yaml(path))
         except ValidationError as exc:
             raise UserError(pydantic_message(exc, f"{path}: ")) from None
         for name in (spec.name, *spec.aliases):
@@ -51,9 +52,9 @@ def models() -> dict[str, ModelSpec]:
 def gpus() -> dict[str, GPUSpec]:
     """GPU profiles by name."""
     out: dict[str, GPUSpec] = {}
-    for path in sorted((profiles_dir() / "gpus").glob("*.yaml")):
+    for path in resources.yaml_files(resources.profiles() / "gpus"):
         try:
-            spec = GPUSpec(**_read_yaml(path))
+            spec = GPUSpec(**read_yaml(path))
         except ValidationError as exc:
             raise UserError(pydantic_message(exc, f"{path}: ")) from None
         out[spec.name] = spec
@@ -94,9 +95,39 @@ def gpu_from_file(path: Path) -> GPUSpec:
     if not path.is_file():
         raise UserError(f"profile: no such file '{path}'")
     try:
-        return GPUSpec(**_read_yaml(path))
+        return GPUSpec(**read_yaml(path, "profile"))
     except ValidationError as exc:
         raise UserError(pydantic_message(exc, f"profile: {path}: ")) from None
+
+
+# The fitted GPU whose serving constants a GPU without its own serving measurements borrows.
+# They are fractions of datasheet figures and small-kernel latencies, which transfer better
+# across chips than the training constants do (those include eager-framework overheads).
+FALLBACK_SERVING_GPU = "a100-sxm-80gb"
+
+
+def serving_constants(gpu: GPUSpec) -> tuple[InferenceEfficiency, str]:
+    """The GPU's serving constants and where they come from: its own fit, else a fitted GPU
+    of the same chip, else the fallback GPU's, else the training constants with typical
+    engine costs."""
+    if gpu.inference is not None:
+        return gpu.inference, gpu.inference.provenance
+    fitted = [g for g in gpus().values() if g.inference is not None]
+    donors = [g for g in fitted if g.chip == gpu.chip]
+    donors += [g for g in fitted if g.name == FALLBACK_SERVING_GPU]
+    if donors:
+        donor = donors[0]
+        return donor.inference, f"carried over from {donor.name} ({donor.inference.provenance})"
+    e = gpu.efficiency
+    guess = InferenceEfficiency(
+        memory=e.memory,
+        gemm=e.gemm,
+        kernel_us=4.0,
+        allreduce_base_us=15.0,
+        allreduce_step_us=10.0,
+        provenance="unfitted guesses",
+    )
+    return guess, guess.provenance
 
 
 def cluster_for(gpu: GPUSpec, gpus_per_node: int | None = None) -> ClusterSpec:

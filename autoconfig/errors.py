@@ -11,8 +11,12 @@ def pydantic_message(exc: Exception, where: str = "") -> str:
     if not callable(errors):
         return f"{where}{exc}"
     first = errors()[0]
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "value_error" and isinstance(
+        first.get("ctx", {}).get("error"), UserError
+    ):
+        return f"{where}{msg}"  # our own message already names its field
     field = ".".join(str(p) for p in first.get("loc", ())) or "value"
-    msg = first.get("msg", "invalid value")
     given = first.get("input")
     shown = "" if isinstance(given, dict | list) or given is None else f" (got {given!r})"
     return f"{where}{field}: {msg}{shown}"

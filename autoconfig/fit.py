@@ -15,13 +15,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from autoconfig import catalog
 from autoconfig.cost.evaluate import evaluate
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.cost.memory import memory
-from autoconfig.errors import UserError
-from autoconfig.frame import prepare
-from autoconfig.specs import GIB, Efficiency
+from autoconfig.specs import Efficiency
+from autoconfig.vocab import GIB
 
 # Efficiency field -> (CostInputs column, scale from profile units, lower, upper bound).
 TIME_PARAMS = {
@@ -36,16 +34,6 @@ TIME_PARAMS = {
     "inter_node_latency_us": ("lat_inter_s", 1e-6, 0.0, 60.0),
     "step_overhead_ms": ("step_overhead_s", 1e-3, 0.0, 2000.0),
 }
-
-
-def _chip_of(gpu_names: pd.Series) -> pd.Series:
-    def chip(name: str) -> str:
-        try:
-            return catalog.get_gpu(name).chip
-        except UserError:  # prepare() reports the row's error
-            return ""
-
-    return gpu_names.astype(str).map(chip)
 
 
 def with_params(
@@ -66,19 +54,20 @@ def with_params(
 
 
 def fit_time(
-    runs: pd.DataFrame,
-    measured: pd.Series,
+    x: CostInputs,
+    chips: np.ndarray,
+    measured: np.ndarray,
     start: dict[str, Efficiency],
     only: tuple[str, ...] | None = None,
     bounds: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[dict[str, dict[str, float]], float]:
-    """Fits TIME_PARAMS per chip on rows with a measured tokens/s/GPU; returns the constants
-    by chip and the robust cost. `only` limits the fit to some constants (few measurements
-    cannot pin all ten); `bounds` widens or narrows their ranges."""
+    """Fits TIME_PARAMS per chip (the `chips` entry of each row of `x`) on rows with a measured
+    tokens/s/GPU (NaN elsewhere); returns the constants by chip and the robust cost. `only`
+    limits the fit to some constants (few measurements cannot pin all ten); `bounds` widens or
+    narrows their ranges."""
     bounds = bounds or {}
-    x, errors, _ = prepare(runs)
-    use = ((errors == "") & measured.notna()).to_numpy()
-    chips = _chip_of(runs["gpu"]).to_numpy()
+    measured = np.asarray(measured, float)
+    use = np.isfinite(measured) & (chips != "")
     fp8 = np.broadcast_to(x.fp8, chips.shape)
     names: list[tuple[str, str]] = []
     for chip in sorted(set(chips[use])):
@@ -89,7 +78,7 @@ def fit_time(
     x0 = np.array([getattr(start[c], n) or start[c].gemm for c, n in names])
     lo = np.array([bounds.get(n, TIME_PARAMS[n][2:])[0] for _, n in names])
     hi = np.array([bounds.get(n, TIME_PARAMS[n][2:])[1] for _, n in names])
-    target = np.log(measured.to_numpy()[use])
+    target = np.log(measured[use])
 
     def unpack(theta: np.ndarray) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -116,7 +105,9 @@ def fit_time(
     return unpack(result.x), float(result.cost)
 
 
-def fit_memory(runs: pd.DataFrame, measured_gb: pd.Series) -> tuple[float, float]:
+def fit_memory(
+    x: CostInputs, valid: np.ndarray, runs: pd.DataFrame, measured_gb: pd.Series
+) -> tuple[float, float]:
     """Fits (memory_overhead fraction, memory_reserved_gb) so that
     peak = parts * (1 + overhead) + reserved agrees with all the memory evidence:
 
@@ -126,8 +117,6 @@ def fit_memory(runs: pd.DataFrame, measured_gb: pd.Series) -> tuple[float, float
     - runs that crashed or ran out of memory probably did not fit: a weaker hinge the other
       way (the sweep does not tell crashes from OOMs).
     """
-    x, errors, _ = prepare(runs)
-    valid = (errors == "").to_numpy()
     with np.errstate(all="ignore"):
         mem = memory(replace(x, mem_overhead=np.float32(0.0), mem_reserved_gb=np.float32(0.0)))
     base = np.broadcast_to(mem.total / GIB, valid.shape).astype(float)

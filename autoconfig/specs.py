@@ -1,25 +1,19 @@
-"""The project's vocabulary: pydantic specs for models, GPUs, clusters and parallel layouts.
+"""The project's specs: pydantic models for models, GPUs, clusters, runs and search spaces.
 
 Everything that enters autoconfig (catalog files, CLI flags, CSV rows, HF configs) is turned
-into these specs first; the cost model then works on arrays built from them (see cost/inputs.py).
+into these specs first; autoconfig.columns then builds the cost model's arrays from them.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-Norm = Literal["layernorm", "rmsnorm"]
-Mlp = Literal["gelu", "swiglu", "squared_relu"]
-Position = Literal["learned", "rope", "alibi", "none"]
-# selective = Megatron's (attention scores recomputed); op = torchtitan's op-level selective
-# checkpointing (every other matmul output kept, the rest recomputed).
-Recompute = Literal["none", "selective", "full", "op"]
-Precision = Literal["bf16", "fp16", "fp8"]
-
-GIB = float(2**30)
-"""All "GB" figures in autoconfig are GiB (2^30 bytes), the unit PyTorch and nvidia-smi report."""
+from autoconfig import layout
+from autoconfig.errors import UserError
+from autoconfig.layout import Layout
+from autoconfig.vocab import Mlp, Norm, Position, Precision
 
 
 class _Spec(BaseModel):
@@ -40,9 +34,9 @@ class ModelSpec(_Spec):
     seq_len: int = Field(default=2048, gt=0, description="default training sequence length")
     max_seq_len: int | None = Field(default=None, gt=0, description="context limit of the model")
     tied_embeddings: bool = False
-    norm: Norm = "layernorm"
-    mlp: Mlp = "gelu"
-    position: Position = "learned"
+    norm: Norm = Norm.LAYERNORM
+    mlp: Mlp = Mlp.GELU
+    position: Position = Position.LEARNED
     dropout: bool = Field(default=False, description="dropout layers present during training")
     num_experts: int = Field(
         default=0, ge=0, description="routed experts per MoE layer (0 = dense)"
@@ -57,11 +51,11 @@ class ModelSpec(_Spec):
     def _check(self) -> ModelSpec:
         kv = self.kv_heads or self.heads
         if self.heads % kv:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({kv})")
+            raise UserError(f"kv_heads: {kv} must divide heads ({self.heads})")
         if self.head_dim is None and self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+            raise UserError(f"heads: {self.heads} must divide hidden ({self.hidden})")
         if self.num_experts and not (0 < self.topk <= self.num_experts):
-            raise ValueError(f"topk must be in 1..num_experts ({self.num_experts}) for MoE")
+            raise UserError(f"topk: must be in 1..num_experts ({self.num_experts}) for MoE")
         return self
 
     # Derived sizes, resolved once so nothing downstream repeats the defaults.
@@ -172,7 +166,7 @@ class GPUSpec(_Spec):
 
     name: str
     chip: str = Field(description="silicon family sharing efficiency constants (a100, h100, ...)")
-    peak_tflops: dict[Precision, float] = Field(description="dense peak TFLOP/s by precision")
+    peak_tflops: dict[str, float] = Field(description="dense peak TFLOP/s by precision")
     memory_gb: float = Field(gt=0, description="usable HBM, GiB")
     memory_tb_s: float = Field(gt=0, description="HBM bandwidth, TB/s")
     efficiency: Efficiency
@@ -187,33 +181,25 @@ class GPUSpec(_Spec):
     def _peaks(cls, v: dict[str, float]) -> dict[str, float]:
         if "bf16" not in v:
             raise ValueError("peak_tflops needs at least bf16")
+        unknown = set(v) - set(Precision.values())
+        if unknown:
+            raise ValueError(f"peak_tflops: unknown precision {sorted(unknown)[0]}")
         return v
+
+    def supports(self, precision: str) -> bool:
+        """Whether the GPU has tensor cores for `precision` (16-bit everywhere)."""
+        return precision in ("bf16", "fp16") or precision in self.peak_tflops
 
     def peak(self, precision: str) -> float:
         return self.peak_tflops.get(precision) or self.peak_tflops["bf16"]
 
 
-class ParallelConfig(_Spec):
-    """One parallel layout and batch setting for training."""
+class ParallelConfig(Layout):
+    """One training run's layout (every dimension of autoconfig.layout) and its batch."""
 
-    dp: int = Field(default=1, gt=0, description="data-parallel degree")
-    tp: int = Field(default=1, gt=0, description="tensor-parallel degree")
-    pp: int = Field(default=1, gt=0, description="pipeline stages")
-    vp: int = Field(default=1, gt=0, description="virtual stages per pipeline rank (interleaved)")
-    cp: int = Field(default=1, gt=0, description="context-parallel degree")
-    ep: int = Field(default=1, gt=0, description="expert-parallel degree (within dp*cp)")
-    sp: bool = Field(default=False, description="sequence parallel (with tp > 1)")
-    mbs: int = Field(default=1, gt=0, description="micro-batch size, sequences")
     gbs: int = Field(gt=0, description="global batch size, sequences")
     seq_len: int = Field(gt=0, description="training sequence length")
-    recompute: Recompute = "none"
-    recompute_layers: int | None = Field(
-        default=None, ge=0, description="layers per stage fully recomputed (full only; all)"
-    )
-    zero: int = Field(default=1, ge=0, le=3, description="0 none, 1 dist. optimizer, 2, 3 FSDP")
-    precision: Precision = "bf16"
-    flash_attention: bool = True
-    overlap_grad_reduce: bool = True
+    precision: Precision = Precision.BF16
 
     @property
     def num_gpus(self) -> int:
@@ -224,40 +210,38 @@ class ParallelConfig(_Spec):
         return self.gbs // (self.dp * self.mbs)
 
 
-class SearchSpace(_Spec):
-    """What the training search tries (search_spaces/*.yaml; CLI constraints narrow it)."""
+class SpaceOptions(_Spec):
+    """How the training search walks its dimensions (search_spaces/*.yaml)."""
 
-    tp: list[int] = Field(default=[1, 2, 4, 8], min_length=1)
     allow_tp_across_nodes: bool = False
-    pp: list[int] = Field(default=[1, 2, 4, 8, 16], min_length=1)
-    vp: list[int] = Field(default=[1, 2], min_length=1)
     uneven_pipeline: bool = Field(
         default=True, description="without interleaving, let stages hold ceil/floor layers"
     )
-    cp: list[int] = Field(default=[1], min_length=1)
     min_tokens_per_cp_rank: int = Field(
         default=2048, ge=1, description="context parallelism only while seq/cp stays this long"
     )
-    ep: list[int] = Field(default=[1], min_length=1)
-    mbs: list[int] = Field(default=[1, 2, 4], min_length=1)
-    sp: list[bool] = Field(default=[True], min_length=1)
-    recompute: list[Recompute] = Field(default=["none", "selective", "full"], min_length=1)
-    full_layers: list[float] = Field(default=[1.0], min_length=1)
-    zero: list[int] = Field(default=[0, 1, 2, 3], min_length=1)
+    full_layers: list[float] = Field(
+        default=[1.0],
+        min_length=1,
+        description="with recompute full: fractions of each stage's layers recomputed",
+    )
 
-    @field_validator("tp", "pp", "vp", "cp", "ep", "mbs")
+    @model_validator(mode="before")
     @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if any(x < 1 for x in v):
-            raise ValueError("values must be positive integers")
-        return sorted(set(v))
-
-    @field_validator("zero")
-    @classmethod
-    def _zero(cls, v: list[int]) -> list[int]:
-        if any(x not in (0, 1, 2, 3) for x in v):
-            raise ValueError("values must be 0, 1, 2 or 3")
-        return sorted(set(v))
+    def _dimension_values(cls, data: Any) -> Any:
+        """Each searched dimension's list, parsed by its declaration (sorted, no repeats)."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for d in layout.SEARCHED:
+            if d.name in out:
+                values = out[d.name]
+                if not isinstance(values, list) or not values:
+                    raise UserError(f"{d.name}: must be a non-empty list")
+                parsed = list(dict.fromkeys(d.parse(v) for v in values))
+                # Numbers in ascending order; choices in the order given (the tie order).
+                out[d.name] = sorted(parsed) if d.type in (int,) else parsed
+        return out
 
     @field_validator("full_layers")
     @classmethod
@@ -265,3 +249,15 @@ class SearchSpace(_Spec):
         if any(not 0 < x <= 1 for x in v):
             raise ValueError("values must be fractions in (0, 1]")
         return sorted(set(v))
+
+
+SearchSpace = create_model(  # type: ignore[call-overload]
+    "SearchSpace",
+    __base__=SpaceOptions,
+    __doc__="What the training search tries: the values of every searched layout dimension "
+    "(derived from autoconfig.layout) and how it walks them. CLI constraints narrow it.",
+    **{
+        d.name: (list[d.type], Field(default=list(d.searched), min_length=1, description=d.help))
+        for d in layout.SEARCHED
+    },
+)

@@ -7,15 +7,17 @@ source, and applied as input columns: these are facts about the runs, not correc
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from autoconfig.api import estimate_frame
+from autoconfig.cost import evaluate
 from autoconfig.cost.flops import model_flops_per_token
-from autoconfig.frame import prepare
+from autoconfig.errors import UserError
+from autoconfig.frame import read_training_rows, with_predictions
 
 # Runs from before FlashAttention (Dao et al., May 2022) used Megatron's unfused softmax
 # attention; Megatron GPT models train with dropout 0.1 (Megatron-LM arguments.py defaults
@@ -42,12 +44,27 @@ SIXTEEN_BIT = ("bf16", "fp16")
 MAIN_GPUS = ("a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-sxm-96gb", "h200-sxm-141gb")
 
 
-def reference_dir() -> Path:
-    here = Path(__file__).resolve().parent.parent
-    for cand in (here.parent / "shared" / "reference", here / "shared" / "reference"):
-        if cand.exists():
-            return cand
-    raise FileNotFoundError("../shared/reference not found next to the repository")
+REFERENCE_ENV = "AUTOCONFIG_REFERENCE"  # a folder holding training_runs.csv, inference_runs.csv
+
+
+def reference_dir() -> Path | None:
+    """The published measurements: $AUTOCONFIG_REFERENCE, else ../shared/reference beside the
+    checkout (the current folder's or the package's); None when there are none."""
+    env = os.environ.get(REFERENCE_ENV)
+    candidates = [Path(env)] if env else []
+    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        candidates += [base.parent / "shared" / "reference", base / "shared" / "reference"]
+    return next((c for c in candidates if (c / "training_runs.csv").exists()), None)
+
+
+def require_reference_dir() -> Path:
+    found = reference_dir()
+    if found is None:
+        raise UserError(
+            "reference: no published measurements found (../shared/reference beside the "
+            f"checkout, or ${REFERENCE_ENV})"
+        )
+    return found
 
 
 def in_fit_set(run_id: str) -> bool:
@@ -69,7 +86,7 @@ def read_reference(path: Path, facts: dict[str, dict[str, str]], key: str) -> pd
 
 def load_training_runs(path: Path | None = None) -> pd.DataFrame:
     runs = read_reference(
-        path or reference_dir() / "training_runs.csv", SOURCE_FACTS, "source_group"
+        path or require_reference_dir() / "training_runs.csv", SOURCE_FACTS, "source_group"
     )
     for group, meaning in RECOMPUTE_MEANING.items():
         rows = runs["source_group"] == group
@@ -81,7 +98,8 @@ def load_training_runs(path: Path | None = None) -> pd.DataFrame:
 def measured_throughput(runs: pd.DataFrame) -> pd.Series:
     """Measured tokens/s/GPU; where only MFU or model TFLOP/s were published, converted with
     the same model-FLOPs count the predictions use (both follow Megatron's convention)."""
-    inputs, errors, _ = prepare(runs)
+    rows = read_training_rows(runs)
+    inputs, errors = rows.inputs(), rows.errors
     with np.errstate(all="ignore"):
         flops = pd.Series(
             np.broadcast_to(model_flops_per_token(inputs), len(runs)), index=runs.index
@@ -95,7 +113,11 @@ def measured_throughput(runs: pd.DataFrame) -> pd.Series:
 
 
 def predictions(runs: pd.DataFrame) -> pd.DataFrame:
-    out = estimate_frame(runs)
+    """Every row with its predictions, `error`, the measured throughput and the error."""
+    runs = runs.reset_index(drop=True)
+    rows = read_training_rows(runs)
+    with np.errstate(all="ignore"):
+        out = with_predictions(runs, evaluate(rows.inputs()), rows.errors)
     out["measured_tps"] = measured_throughput(runs).to_numpy()
     out["ape"] = (out["pred_tokens_per_s_per_gpu"].astype(float) / out["measured_tps"] - 1).abs()
     return out

@@ -3,7 +3,8 @@
     python scripts/bench_estimate.py [--n 1000000] [--model gpt3-175b] [--gpu h100-sxm-80gb]
 
 Builds N layouts of one model (random dp/tp/pp/vp/cp/mbs/recompute/zero, 1,024-GPU scale) as
-cost-model columns and times `autoconfig.cost.evaluate` over all of them at once, best of 3.
+cost-model columns (autoconfig.columns) and times `autoconfig.cost.evaluate` over all of them at
+once, best of 3.
 """
 
 from __future__ import annotations
@@ -13,35 +14,34 @@ import resource
 import time
 
 import numpy as np
+import pandas as pd
 
 from autoconfig import catalog
-from autoconfig.cost import CostInputs, evaluate
-from autoconfig.cost.inputs import hardware_columns, model_columns
+from autoconfig.columns import Hardware, training_inputs
+from autoconfig.cost import evaluate
 
 
-def layouts(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+def layouts(n: int, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     pick = lambda values: rng.choice(np.array(values, dtype=float), n)  # noqa: E731
     tp, pp, cp = pick([1, 2, 4, 8]), pick([1, 2, 4, 8, 16]), pick([1, 2])
     dp = 1024 / (tp * pp * cp)
     mbs = pick([1, 2, 4])
-    return {
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-        "vp": np.where(pp > 1, pick([1, 2, 3]), 1.0),
-        "cp": cp,
-        "ep": np.ones(n),
-        "sp": (tp > 1).astype(float),
-        "mbs": mbs,
-        "gbs": dp * mbs * 8,
-        "seq": np.full(n, 2048.0),
-        "recompute": pick([0, 1, 2]),
-        "recompute_layers": pick([1, 96]),
-        "zero": pick([0, 1, 2, 3]),
-        "fp8": np.zeros(n),
-        "flash": np.ones(n),
-    }
+    return pd.DataFrame(
+        {
+            "dp": dp,
+            "tp": tp,
+            "pp": pp,
+            "vp": np.where(pp > 1, pick([1, 2, 3]), 1.0),
+            "cp": cp,
+            "ep": np.ones(n),
+            "sp": (tp > 1).astype(float),
+            "mbs": mbs,
+            "recompute": np.array(["none", "selective", "full"])[rng.integers(0, 3, n)],
+            "recompute_layers": pick([1, 96]),
+            "zero": pick([0, 1, 2, 3]),
+        }
+    )
 
 
 def main() -> None:
@@ -51,12 +51,10 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100-sxm-80gb")
     args = parser.parse_args()
     gpu = catalog.get_gpu(args.gpu)
-    cols = {
-        **model_columns(catalog.get_model(args.model)),
-        **hardware_columns(gpu, gpu.cluster, "bf16"),
-        **layouts(args.n),
-    }
-    x = CostInputs.from_columns(cols)
+    table = layouts(args.n)
+    table["recompute_layers"] = table["recompute_layers"].where(table["recompute"] == "full", 0)
+    gbs = (table["dp"] * table["mbs"] * 8).to_numpy()
+    x = training_inputs(catalog.get_model(args.model), Hardware(gpu, gpu.cluster), table, gbs, 2048)
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()

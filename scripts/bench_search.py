@@ -12,9 +12,9 @@ import sys
 import time
 
 from autoconfig import catalog, search
+from autoconfig.columns import Hardware, training_inputs
 from autoconfig.cost import evaluate
-from autoconfig.rank import cost_inputs
-from autoconfig.space import enumerate_candidates, load_space
+from autoconfig.training.space import enumerate_candidates, load_space
 
 CASES = [("gpt3-175b", 1024), ("llama3-405b", 16384), ("mixtral-8x22b", 512)]
 
@@ -22,13 +22,13 @@ CASES = [("gpt3-175b", 1024), ("llama3-405b", 16384), ("mixtral-8x22b", 512)]
 def main() -> None:
     for model, gpus in CASES:
         start = time.perf_counter()
-        ranked = search(model, gpus)
+        result = search(model, gpus)
         wall = time.perf_counter() - start
-        a = ranked.attrs
+        r = result.request
         # The evaluation alone, over the same candidates.
         spec, gpu = catalog.get_model(model), catalog.get_gpu("h100-sxm-80gb")
-        cands = enumerate_candidates(spec, gpus, a["gbs"], a["seq_len"], load_space(), 8)
-        x = cost_inputs(spec, gpu, gpu.cluster, "bf16", cands.table, a["gbs"], a["seq_len"])
+        cands = enumerate_candidates(spec, gpus, r.gbs, r.seq_len, load_space(), 8)
+        x = training_inputs(spec, Hardware(gpu, gpu.cluster), cands.table, r.gbs, r.seq_len)
         eval_s = float("inf")
         for _ in range(5):  # best of 5: tens of milliseconds are noisy on a shared machine
             t0 = time.perf_counter()
@@ -36,9 +36,9 @@ def main() -> None:
             eval_s = min(eval_s, time.perf_counter() - t0)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(
-            f"{model} on {gpus}: enumerated {a['enumerated']:,}, evaluated {a['evaluated']:,}"
-            f" ({a['evaluated'] / eval_s:,.0f} configs/s in the cost model), "
-            f"feasible {a['feasible']:,}; search {wall:.2f} s; peak RSS {peak:,.0f} MiB"
+            f"{model} on {gpus}: enumerated {result.enumerated:,}, evaluated "
+            f"{result.evaluated:,} ({result.evaluated / eval_s:,.0f} configs/s in the cost "
+            f"model), feasible {result.feasible:,}; search {wall:.2f} s; peak RSS {peak:,.0f} MiB"
         )
     cmd = [
         sys.executable,

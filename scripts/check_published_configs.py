@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from autoconfig import api
-from autoconfig.frame import model_from_row
-from autoconfig.space import load_space
+from autoconfig.frame import read_training_rows
+from autoconfig.training.space import load_space
 from autoconfig.validation import load_training_runs, measured_throughput
 
 GROUPS = (
@@ -47,11 +47,11 @@ def _local_batch_only(row: pd.Series) -> bool:
 
 
 def check(row: pd.Series, measured: float) -> dict:
-    spec = model_from_row(row)
+    spec = read_training_rows(row.to_frame().T.reset_index(drop=True)).models[0]
     gbs, seq, gpus = int(row["gbs"]), int(row["seq_len"]), int(row["num_gpus"])
     precision = "bf16" if row["precision"] == "fp16" else row["precision"]
     flash = row.get("flash_attention", "") != "n"
-    ranked = api.search(
+    result = api.search(
         spec,
         gpus,
         row["gpu"],
@@ -62,6 +62,7 @@ def check(row: pd.Series, measured: float) -> dict:
         flash_attention=flash,
         space=SPACE,
     )
+    ranked = result.table
     match = pd.Series(True, index=ranked.index)
     for col in ("tp", "pp", "dp", "cp", "ep"):
         if KNOWN(row[col]):
@@ -85,7 +86,7 @@ def check(row: pd.Series, measured: float) -> dict:
         "gpu": row["gpu"],
         "published": f"tp{row['tp']} pp{row['pp']} dp{row['dp']}"
         + (f" cp{row['cp']}" if KNOWN(row["cp"]) and row["cp"] != "1" else ""),
-        "candidates": ranked.attrs["feasible"],
+        "candidates": result.feasible,
         "in_space": len(found) > 0,
         "feasible": len(feasible) > 0,
     }

@@ -6,7 +6,7 @@ published inference points.
 
 Fitted rows: FasterTransformer points whose sha256(run_id) % 3 == 0 (autoconfig.serve.
 validation); scripts/validate_inference.py reports the other rows apart. The constants are
-shared by every GPU of the fitted chip; other chips borrow them (cost/inference.py).
+shared by every GPU of the fitted chip; other chips borrow them (catalog.serving_constants).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pandas as pd
 import yaml
 from scipy.optimize import least_squares
 
-from autoconfig import catalog
+from autoconfig import catalog, resources
 from autoconfig.cost.inference import evaluate_serving
-from autoconfig.serve.frame import prepare_serving
+from autoconfig.serve.frame import read_serving_rows
 from autoconfig.serve.validation import load_inference_runs
 
 # name: (start, lower, upper, scale to the ServeInputs column)
@@ -43,7 +43,8 @@ COLUMN = {
 
 
 def fit(runs: pd.DataFrame) -> tuple[dict[str, float], float]:
-    inputs, errors, _ = prepare_serving(runs)
+    rows = read_serving_rows(runs)
+    inputs, errors = rows.inputs(), rows.errors
     if (errors != "").any():
         raise SystemExit(f"fit rows with errors: {errors[errors != ''].tolist()}")
     measured = pd.to_numeric(runs["measured_latency_ms"], errors="coerce").to_numpy()
@@ -84,7 +85,7 @@ def main() -> None:
         "inference_runs.csv)"
     )
     block = {k: round(v, 5) for k, v in constants.items()} | {"provenance": provenance}
-    for path in sorted((catalog.profiles_dir() / "gpus").glob("*.yaml")):
+    for path in sorted(Path(str(resources.profiles() / "gpus")).glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
         if data["chip"] != chip:
             continue

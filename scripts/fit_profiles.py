@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
-from autoconfig import catalog
+from autoconfig import catalog, resources
 from autoconfig.fit import fit_memory, fit_time
+from autoconfig.frame import read_training_rows
 from autoconfig.validation import load_training_runs, measured_throughput
 
 
@@ -30,9 +32,16 @@ def main() -> None:
     fit = fit_all[fit_all["status"] == "ok"].reset_index(drop=True)
     measured = measured_throughput(fit)
     start = {g.chip: g.efficiency for g in catalog.gpus().values()}
-    constants, cost = fit_time(fit, measured, start)
+    rows = read_training_rows(fit)
+    chips = np.array(
+        ["" if e else h.gpu.chip for h, e in zip(rows.hardware, rows.errors, strict=True)]
+    )
+    constants, cost = fit_time(rows.inputs(), chips, measured.to_numpy(float), start)
     mem_gb = pd.to_numeric(fit_all["measured_peak_mem_gb"], errors="coerce")
-    overhead, reserved = fit_memory(fit_all, mem_gb)
+    all_rows = read_training_rows(fit_all)
+    overhead, reserved = fit_memory(
+        all_rows.inputs(), (all_rows.errors == "").to_numpy(), fit_all, mem_gb
+    )
     n_time = int(measured.notna().sum())
     n_mem = int(mem_gb.notna().sum())
     groups = ", ".join(sorted(fit.loc[measured.notna(), "source_group"].unique()))
@@ -46,7 +55,7 @@ def main() -> None:
     if args.dry_run:
         return
 
-    for path in sorted((catalog.profiles_dir() / "gpus").glob("*.yaml")):
+    for path in sorted(Path(str(resources.profiles() / "gpus")).glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
         chip = data["chip"]
         source_chip = chip if chip in constants else "h100"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from autoconfig import catalog
+from autoconfig.columns import Behaviour, Hardware, hardware_columns, model_columns
 from autoconfig.cost import CostInputs
-from autoconfig.cost.inputs import hardware_columns, model_columns
 
 DEFAULT_LAYOUT = {
     "dp": 1,
@@ -36,12 +36,13 @@ DEFAULT_LAYOUT = {
 def make_inputs(model: str = "gpt3-175b", gpu: str = "a100-sxm-80gb", **layout) -> CostInputs:
     spec = catalog.get_model(model)
     g = catalog.get_gpu(gpu)
-    cols = {**model_columns(spec), **hardware_columns(g, g.cluster, "bf16"), **DEFAULT_LAYOUT}
-    for key, value in layout.items():
-        if key in model_columns(spec):
-            cols[key] = value
-        else:
-            cols[key] = value
+    cols = {
+        **model_columns(spec),
+        **hardware_columns(Hardware(g, g.cluster)),
+        **Behaviour().columns(),
+        **DEFAULT_LAYOUT,
+        **layout,
+    }
     return CostInputs.from_columns({k: np.asarray(v, dtype=float) for k, v in cols.items()})
 
 

@@ -66,7 +66,7 @@ def test_models_and_gpus_list_the_catalog() -> None:
         (["--tp", "3"], ("tp", "heads")),
         (["--tp", "0"], ("tp",)),
         (["--gbs", "500"], ("gbs", "dp*mbs")),
-        (["--dp", "4"], ("num_gpus", "tp*pp*cp*dp")),
+        (["--dp", "4"], ("dp", "tp*pp*cp*dp", "GPU count")),
         (["--mbs", "-1"], ("mbs",)),
         (["--gpus", "abc"], ("gpus",)),
     ],

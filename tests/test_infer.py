@@ -19,9 +19,10 @@ LLAMA = dict(model="llama2-70b", gpu="h100-sxm-80gb", gpus=8, input_len=2048, ou
 
 
 def test_search_respects_the_budget_and_ranks_by_throughput() -> None:
-    out = api.infer(**LLAMA, max_ttft_ms=1000, max_tpot_ms=50)
+    result = api.infer(**LLAMA, max_ttft_ms=1000, max_tpot_ms=50)
+    out = result.table
     meets = out[out["meets"]]
-    assert len(meets) == out.attrs["feasible"] > 0
+    assert len(meets) == result.feasible > 0
     assert (meets["pred_ttft_ms"] <= 1000).all() and (meets["pred_tpot_ms"] <= 50).all()
     assert meets["pred_fits"].astype(bool).all()
     tput = meets["pred_output_tokens_per_s_per_gpu"].to_numpy()
@@ -34,11 +35,11 @@ def test_search_respects_the_budget_and_ranks_by_throughput() -> None:
     assert missed["pruned"].str.match(r"^(memory|TTFT|TPOT)").all()
     # a tighter budget keeps a subset
     tight = api.infer(**LLAMA, max_ttft_ms=300, max_tpot_ms=50)
-    assert 0 < tight.attrs["feasible"] < out.attrs["feasible"]
+    assert 0 < tight.feasible < result.feasible
 
 
 def test_latency_objective_and_pareto_front() -> None:
-    out = api.infer(**LLAMA, objective="latency")
+    out = api.infer(**LLAMA, objective="latency").table
     meets = out[out["meets"]]
     lat = meets["pred_latency_ms"].to_numpy()
     assert (lat[:-1] <= lat[1:]).all()
@@ -61,8 +62,8 @@ def test_latency_objective_and_pareto_front() -> None:
 
 def test_nothing_meets_the_budget_names_the_closest_point(tmp_path: Path) -> None:
     out = api.infer(**LLAMA, max_ttft_ms=5)
-    assert out.attrs["feasible"] == 0
-    assert "TTFT" in out.attrs["closest"] and "vs 5" in out.attrs["closest"]
+    assert out.feasible == 0
+    assert "TTFT" in out.closest and "vs 5" in out.closest
     result = run(
         "infer", "--model", "llama2-70b", "--gpu", "h100-sxm-80gb", "--gpus", "8",
         "--input-len", "2048", "--output-len", "256", "--max-ttft-ms", "5",
@@ -123,8 +124,12 @@ def test_min_gpus_message_counts_the_smallest_split() -> None:
 
 
 def test_batch_mode_over_the_reference_table(tmp_path: Path) -> None:
-    src = reference_dir() / "inference_runs.csv"
-    frame = pd.read_csv(src, dtype=str, keep_default_na=False)
+    found = reference_dir()
+    if found is None:
+        pytest.skip("the published measurements (../shared/reference) are not beside the checkout")
+    frame = pd.read_csv(found / "inference_runs.csv", dtype=str, keep_default_na=False)
+    # Static batches: in-flight points name no batch (their model is the serving issue's).
+    frame = frame[frame["batching"] != "inflight"].reset_index(drop=True)
     frame.loc[3, "batch_size"] = "-1"
     frame.loc[5, "tp"] = "5"
     bad = tmp_path / "points.csv"

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from autoconfig.measure.candidates import DIMS, key_of
+from autoconfig import layout
 
 CLI = [sys.executable, "-m", "autoconfig.cli", "search", "--model", "tiny-llama"]
 CPU = ["--measure", "--device", "cpu", "--steps", "3", "--warmup", "1"]
@@ -58,7 +58,7 @@ def peek(out: Path) -> tuple[int, list[int]]:
 
 def complete_keys(study: optuna.Study) -> list[str]:
     done = study.get_trials(states=(TrialState.COMPLETE,))
-    return [key_of({d: t.params[d] for d in DIMS}) for t in done]
+    return [layout.key(t.params) for t in done]
 
 
 @pytest.fixture(scope="module")

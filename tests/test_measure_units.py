@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from autoconfig import api, catalog
+from autoconfig import api, catalog, layout
 from autoconfig.errors import UserError
 from autoconfig.measure import calibrate, summary
-from autoconfig.measure.candidates import DIMS, build, key_of
+from autoconfig.measure.candidates import build
+from autoconfig.measure.result import MeasuredSearch
 from autoconfig.measure.sampler import CandidateSampler, distributions
 from autoconfig.measure.study import enqueue_top, open_storage, open_study
 
@@ -57,7 +58,7 @@ def test_sampler_never_repeats_and_stays_on_runnable_candidates(candidates, kind
     trials = 12 if kind != "gp" else 6
     for _ in range(trials):
         trial = study.ask(space)
-        key = key_of({d: trial.params[d] for d in DIMS})
+        key = layout.key(trial.params)
         seen.append(key)
         study.tell(trial, _fake_measure(candidates.by_key(key)))
     assert len(set(seen)) == len(seen)
@@ -107,7 +108,7 @@ def test_ranking_puts_measured_figures_beside_predictions(candidates) -> None:
     measured = ranked[ranked["ranked_by"] == "measured"]
     assert len(measured) == 2
     assert measured["error_pct"].round(1).tolist() == [0.0, 100.0]
-    assert ranked.attrs["scale"] == pytest.approx(0.75)  # median of 0.5 and 1.0
+    assert MeasuredSearch(trials, ranked).scale == pytest.approx(0.75)  # median of 0.5 and 1.0
     oom = ranked[ranked["key"] == rows["key"].iloc[2]].iloc[0]
     assert oom["ranked_by"] == "oom" and oom["rank"] == len(ranked)  # failures go last
     unmeasured = ranked[ranked["ranked_by"] == "predicted"]
@@ -119,27 +120,16 @@ def test_calibration_recovers_constants_it_was_not_given(tmp_path, candidates) -
     latency than cpu-gloo's: the fit, started from cpu-gloo, must bring the error near zero."""
     truth = {"attention": 0.25, "intra_node_latency_us": 400.0}
     keys = candidates.runnable()["key"].iloc[::8].head(16)  # varied layouts
-    frame = pd.DataFrame(
-        [calibrate.run_row(candidates.config(k), None, i) for i, k in enumerate(keys)]
-    )
-    measured = calibrate.predictions(frame, truth)
-    frame["measured_tokens_per_s_per_gpu"] = measured
-    base = catalog.get_gpu("cpu-gloo")
-    constants, before, after = calibrate.fit(frame, base)
-    assert np.median(np.abs(before / measured - 1)) > 0.05
-    assert np.median(np.abs(after / measured - 1)) < 0.001
-    profile = calibrate.calibrated_profile(
-        base,
-        constants,
-        frame,
-        tmp_path,
-        np.abs(before / measured - 1),
-        np.abs(after / measured - 1),
-    )
+    trials = [calibrate.Trial(i, candidates.config(k), 1.0) for i, k in enumerate(keys)]
+    measured = calibrate.predictions(trials, truth)
+    trials = [calibrate.Trial(t.number, t.config, m) for t, m in zip(trials, measured, strict=True)]
+    result = calibrate.fit_trials(trials)
+    assert np.median(np.abs(result.before / measured - 1)) > 0.05
+    assert np.median(np.abs(result.after / measured - 1)) < 0.001
+    profile = result.profile(tmp_path)
     path = tmp_path / "cal.yaml"
     path.write_text(yaml.safe_dump(profile))
     loaded = catalog.get_gpu(str(path))  # a profile by path, as --profile takes it
     assert loaded.name == "cpu-gloo-calibrated"
     assert "16 measured trials" in loaded.efficiency.provenance
-    ranked = api.search("tiny-llama", 4, str(path), gbs=16)
-    assert ranked.attrs["feasible"] > 0
+    assert api.search("tiny-llama", 4, str(path), gbs=16).feasible > 0

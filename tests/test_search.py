@@ -16,25 +16,30 @@ from autoconfig.errors import UserError
 
 
 @pytest.fixture(scope="module")
-def gpt175():
+def result():
     return api.search("gpt3-175b", 1024)
 
 
-def test_candidates_obey_the_layout_rules(gpt175) -> None:
+@pytest.fixture(scope="module")
+def gpt175(result):
+    return result.table
+
+
+def test_candidates_obey_the_layout_rules(result, gpt175) -> None:
     spec = catalog.get_model("gpt3-175b")
     r = gpt175
     assert (r["dp"] * r["tp"] * r["pp"] * r["cp"] == 1024).all()
     assert (spec.heads % r["tp"] == 0).all()
-    assert (r.attrs["gbs"] % (r["dp"] * r["mbs"]) == 0).all()
+    assert (result.request.gbs % (r["dp"] * r["mbs"]) == 0).all()
     inter = r["vp"] > 1
     assert (spec.layers % (r.loc[inter, "pp"] * r.loc[inter, "vp"]) == 0).all()
     assert (r["pp"] <= spec.layers).all()
     assert not (r["sp"] & (r["tp"] == 1)).any()
 
 
-def test_feasible_rows_fit_and_are_sorted(gpt175) -> None:
+def test_feasible_rows_fit_and_are_sorted(result, gpt175) -> None:
     feasible = gpt175[gpt175["pruned"] == ""]
-    assert len(feasible) == gpt175.attrs["feasible"] > 0
+    assert len(feasible) == result.feasible > 0
     assert (feasible["pred_peak_mem_gb"] <= feasible["mem_limit_gb"]).all()
     tps = feasible["pred_tokens_per_s_per_gpu"].to_numpy()
     assert (np.diff(tps) <= 1e-9).all()
@@ -43,7 +48,7 @@ def test_feasible_rows_fit_and_are_sorted(gpt175) -> None:
     assert list(feasible["rank"][:3]) == [1, 2, 3]
 
 
-def test_search_agrees_with_estimate(gpt175) -> None:
+def test_search_agrees_with_estimate(result, gpt175) -> None:
     best = gpt175.iloc[0]
     one = api.estimate(
         "gpt3-175b",
@@ -55,7 +60,7 @@ def test_search_agrees_with_estimate(gpt175) -> None:
         cp=int(best["cp"]),
         sp=bool(best["sp"]),
         mbs=int(best["mbs"]),
-        gbs=gpt175.attrs["gbs"],
+        gbs=result.request.gbs,
         recompute=best["recompute"],
         recompute_layers=int(best["recompute_layers"]) or None,
         zero=int(best["zero"]),
@@ -67,10 +72,10 @@ def test_search_agrees_with_estimate(gpt175) -> None:
 
 
 def test_constraints_narrow_the_result() -> None:
-    r = api.search("mixtral-8x7b", 64, fix={"tp": "2"}, max_pp=4)
-    feasible = r[r["pruned"] == ""]
+    result = api.search("mixtral-8x7b", 64, fix={"tp": "2"}, max_pp=4)
+    feasible = result.ranked
     assert len(feasible) and (feasible["tp"] == 2).all() and (feasible["pp"] <= 4).all()
-    assert r.attrs["pruned"].get("constraint", 0) > 0
+    assert result.pruned.get("constraint", 0) > 0
     assert (feasible["ep"] > 1).any()  # MoE layouts use expert parallelism
 
 
@@ -82,14 +87,14 @@ def test_near_ties_are_flagged(gpt175) -> None:
 
 
 def test_default_batch_is_stated() -> None:
-    r = api.search("llama3-8b", 64)
-    assert r.attrs["gbs_chosen"] and r.attrs["gbs"] * 8192 >= 2 * 2**20
+    r = api.search("llama3-8b", 64).request
+    assert r.gbs_chosen and r.gbs * 8192 >= 2 * 2**20
 
 
 def test_nothing_fits_gives_computed_advice() -> None:
     r = api.search("gpt3-175b", 8, gpu="a100-sxm-40gb", gbs=64)
-    assert r.attrs["feasible"] == 0
-    advice = r.attrs["advice"]
+    assert r.feasible == 0
+    advice = r.advice
     assert advice[0].startswith("closest:") and "GiB" in advice[0]
     assert any(key in line for line in advice[1:] for key in ("ZeRO-3", "recompute", "GPUs"))
     more = [line for line in advice if "GPUs" in line]
@@ -104,7 +109,7 @@ def test_unusable_gpu_count_is_a_user_error() -> None:
 def test_contradictory_constraints_are_a_user_error() -> None:
     with pytest.raises(UserError, match="contradicts"):
         api.search("gpt3-175b", 1024, fix={"tp": "8"}, max_tp=4)
-    with pytest.raises(UserError, match="fix: unknown key"):
+    with pytest.raises(UserError, match="fix: unknown dimension"):
         api.search("gpt3-175b", 1024, fix={"tensor": "8"})
 
 
@@ -164,7 +169,8 @@ def test_cli_search_writes_outputs_and_emits(tmp_path: Path) -> None:
         (["--model", "gpt3-176b", "--gpus", "64"], "gpt3-175b"),
         (["--model", "gpt3-175b", "--gpus", "64", "--gpu", "a100"], "a100-sxm"),
         (["--model", "gpt3-175b", "--gpus", "97", "--gbs", "2048"], "no layout"),
-        (["--model", "gpt3-175b", "--gpus", "64", "--fix", "tp"], "key=value"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--fix", "tp"], "dimension=value"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--fix", "zero=5"], "0, 1, 2 or 3"),
         (["--model", "gpt3-175b", "--gpus", "64", "--memory-headroom", "1.5"], "headroom"),
     ],
 )
@@ -177,23 +183,24 @@ def test_cli_search_bad_input(args: list[str], needle: str) -> None:
 
 
 def test_interrupted_write_leaves_no_partial_files(tmp_path: Path, monkeypatch) -> None:
+    from autoconfig import fileio
     from autoconfig.report import files
 
-    ranked = api.search("llama3-8b", 16)
+    result = api.search("llama3-8b", 16)
 
     def interrupted(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(files.os, "replace", interrupted)
+    monkeypatch.setattr(fileio.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        files.write_search(ranked, tmp_path / "run")
+        files.write_search(result, tmp_path / "run")
     assert list((tmp_path / "run").iterdir()) == []
 
 
 def test_explanation_names_the_part_that_differs() -> None:
     import pandas as pd
 
-    from autoconfig.rank import TIME_PARTS, explain_winner
+    from autoconfig.training.rank import TIME_PARTS, explain_winner
 
     base = {col: 1.0 for col in TIME_PARTS} | {"pruned": "", "pred_peak_mem_gb": 10.0}
     a = base | {"pred_tokens_per_s_per_gpu": 120.0, "time_dp_comm_s": 0.2}

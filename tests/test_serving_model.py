@@ -17,15 +17,16 @@ from autoconfig.cost.inference import (
     serve_time,
     small_all_reduce,
 )
-from autoconfig.frame import model_columns_for_frame
-from autoconfig.serve.frame import prepare_serving
+from autoconfig.frame import model_columns_of
+from autoconfig.serve.frame import read_serving_rows
 from autoconfig.serve.predict import predict_frame
-from autoconfig.specs import GIB
+from autoconfig.vocab import GIB
 
 
 def points(model: str = "llama2-70b", gpu: str = "a100-sxm-80gb", **cols) -> pd.DataFrame:
     base = {
-        **model_columns_for_frame(catalog.get_model(model)),
+        "model": model,
+        **model_columns_of(catalog.get_model(model)),
         "gpu": gpu,
         "tp": 1,
         "pp": 1,
@@ -42,8 +43,9 @@ def points(model: str = "llama2-70b", gpu: str = "a100-sxm-80gb", **cols) -> pd.
 
 
 def serve_inputs(frame: pd.DataFrame, **constants: float):
-    s, errors, _ = prepare_serving(frame)
-    assert (errors == "").all(), errors.tolist()
+    rows = read_serving_rows(frame)
+    assert (rows.errors == "").all(), rows.errors.tolist()
+    s = rows.inputs()
     return dataclasses.replace(s, **constants) if constants else s
 
 

@@ -234,8 +234,8 @@ def test_slice_mode_builds_the_per_rank_shapes(tmp_path) -> None:
 
 
 def test_a_search_result_becomes_a_trainer_configuration(tmp_path) -> None:
-    ranked = search("tiny-llama", 4, "h100-sxm-80gb", seq_len=128, gbs=8)
-    feasible = ranked[(ranked["pruned"] == "") & (ranked["cp"] == 1) & (ranked["zero"] != 1)]
+    ranked = search("tiny-llama", 4, "h100-sxm-80gb", seq_len=128, gbs=8).ranked
+    feasible = ranked[(ranked["cp"] == 1) & (ranked["zero"] != 1)]
     row = feasible.iloc[0]
     cfg = config_from_search_row(row, "tiny-llama", seq_len=128, gbs=8, steps=2, warmup=1,
                                  device="cpu", precision="fp32")  # fmt: skip

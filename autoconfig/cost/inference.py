@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoconfig.cost import comm
-from autoconfig.cost.inputs import Col, CostInputs
+from autoconfig.cost.inputs import SWIGLU, Col, CostInputs
 from autoconfig.cost.layer import Op, head_ops, layer_ops
 from autoconfig.cost.memory import stage_params
 from autoconfig.cost.timing import kernel_count
-from autoconfig.specs import GIB, GPUSpec, InferenceEfficiency
+from autoconfig.vocab import GIB
 
 INFERENCE_COLUMNS = (
     "pred_ttft_ms",
@@ -45,47 +45,6 @@ INFERENCE_COLUMNS = (
     "pred_output_tokens_per_s_per_gpu",
     "pred_fits",
 )
-
-# The fitted chip whose constants a GPU without its own serving measurements borrows. They
-# are fractions of datasheet figures and small-kernel latencies, which transfer better
-# across chips than the training constants do (those include eager-framework overheads).
-FALLBACK_GPU = "a100-sxm-80gb"
-
-
-def inference_constants(gpu: GPUSpec) -> tuple[InferenceEfficiency, str]:
-    """The GPU's serving constants and where they come from: its own fit, else a fitted GPU
-    of the same chip, else the fallback chip's."""
-    if gpu.inference is not None:
-        return gpu.inference, gpu.inference.provenance
-    from autoconfig import catalog
-
-    fitted = [g for g in catalog.gpus().values() if g.inference is not None]
-    donors = [g for g in fitted if g.chip == gpu.chip] + [
-        g for g in fitted if g.name == FALLBACK_GPU
-    ]
-    if donors:
-        donor = donors[0]
-        return donor.inference, f"carried over from {donor.name} ({donor.inference.provenance})"
-    e = gpu.efficiency  # nothing fitted yet: the training constants and typical engine costs
-    guess = InferenceEfficiency(
-        memory=e.memory,
-        gemm=e.gemm,
-        kernel_us=4.0,
-        allreduce_base_us=15.0,
-        allreduce_step_us=10.0,
-        provenance="unfitted guesses",
-    )
-    return guess, guess.provenance
-
-
-def constant_columns(e: InferenceEfficiency) -> dict[str, float]:
-    return {
-        "eff_memory": e.memory,
-        "eff_gemm": e.gemm,
-        "kernel_s": e.kernel_us * 1e-6,
-        "ar_base_s": e.allreduce_base_us * 1e-6,
-        "ar_step_s": e.allreduce_step_us * 1e-6,
-    }
 
 
 @dataclass(frozen=True)
@@ -272,7 +231,7 @@ def serve_memory(s: ServeInputs) -> ServeMemory:
     kv = kv_bytes_per_token(s, per_stage) * s.batch * (s.input_len + s.output_len)
     mb = np.ceil(s.batch / np.minimum(x.pp, s.batch))
     q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
-    up = np.where(x.mlp_kind == 1, 2.0, 1.0) * np.where(
+    up = np.where(x.mlp_kind == SWIGLU, 2.0, 1.0) * np.where(
         x.experts > 0, x.expert_ffn * (x.topk + x.shared_experts), x.ffn
     )
     widest = np.maximum(q_width + 2.0 * kv_width, up) / x.tp

@@ -1,8 +1,9 @@
 """The cost model's input: one numpy column per quantity, N candidate configurations at once.
 
-Specs (pydantic) are turned into these columns once; every cost function then reads plain
+autoconfig.columns builds them from the specs once; every cost function then reads plain
 arrays, and a scalar broadcasts against arrays, so a search over one model passes the model's
-figures as scalars and only the layout columns as arrays.
+figures as scalars and only the layout columns as arrays. Coded choices (recompute, MLP kind)
+hold the codes of autoconfig.vocab.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.vocab import Mlp, Recompute
 
 Col = np.ndarray
 
@@ -20,8 +21,8 @@ Col = np.ndarray
 # finer than the model's accuracy.
 DTYPE = np.float32
 
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2, "op": 3}
-MLP_CODES = {"gelu": 0, "swiglu": 1, "squared_relu": 2}
+NO_RECOMPUTE, SELECTIVE, FULL, OP_LEVEL = (r.code for r in Recompute)
+GELU, SWIGLU, SQUARED_RELU = (m.code for m in Mlp)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class CostInputs:
     layernorm: Col
     mlp_kind: Col
     learned_pos: Col
+    rope: Col  # rotary embeddings applied to q and k (not learned, ALiBi or no positions)
     max_seq: Col
     dropout: Col
     experts: Col
@@ -110,54 +112,13 @@ class CostInputs:
 OPTIONAL_COLUMNS = {"overlap_grad_reduce": 1.0, "sp_saves_gathered": 0.0}
 
 
-def model_columns(model: ModelSpec) -> dict[str, float]:
-    """Architecture figures of one catalog model as scalar columns."""
-    return {
-        "layers": model.layers,
-        "hidden": model.hidden,
-        "heads": model.heads,
-        "kv_heads": model.kv,
-        "head_dim": model.dhead,
-        "ffn": model.ffn,
-        "vocab": model.vocab,
-        "tied": float(model.tied_embeddings),
-        "layernorm": float(model.norm == "layernorm"),
-        "mlp_kind": MLP_CODES[model.mlp],
-        "learned_pos": float(model.position == "learned"),
-        "max_seq": model.max_seq_len or model.seq_len,
-        "dropout": float(model.dropout),
-        "experts": model.num_experts,
-        "topk": model.topk,
-        "expert_ffn": model.expert_ffn,
-        "shared_experts": model.shared_experts,
-    }
-
-
-def hardware_columns(gpu: GPUSpec, cluster: ClusterSpec, precision: str) -> dict[str, float]:
-    """Datasheet figures and efficiency constants of one GPU type and cluster."""
-    e = gpu.efficiency
-    return {
-        "peak_flops": gpu.peak(precision) * 1e12,
-        "peak_bf16_flops": gpu.peak("bf16") * 1e12,
-        "hbm_bytes_s": gpu.memory_tb_s * 1e12,
-        "memory_gb": gpu.memory_gb,
-        "eff_gemm": (e.gemm_fp8 or e.gemm) if precision == "fp8" else e.gemm,
-        "eff_attention": e.attention,
-        "eff_memory": e.memory,
-        "kernel_s": e.kernel_us * 1e-6,
-        "eff_intra": e.intra_node_bus,
-        "eff_inter": e.inter_node_bus,
-        "lat_intra_s": e.intra_node_latency_us * 1e-6,
-        "lat_inter_s": e.inter_node_latency_us * 1e-6,
-        "step_overhead_s": e.step_overhead_ms * 1e-3,
-        "mem_overhead": e.memory_overhead,
-        "mem_reserved_gb": e.memory_reserved_gb,
-        "gpus_per_node": cluster.gpus_per_node,
-        "intra_bytes_s": cluster.intra_node_gb_s * 1e9,
-        "inter_bytes_s": cluster.inter_node_gb_s * 1e9,
-    }
-
-
 def stage_layers(x: CostInputs) -> Col:
     """Layers on the busiest pipeline rank: uneven splits put the extra layer on some ranks."""
     return np.ceil(x.layers / (x.pp * x.vp)) * x.vp
+
+
+def recomputed_layers(x: CostInputs, per_stage: Col) -> Col:
+    """Layers of a stage fully recomputed: recompute_layers of them with full recompute (0
+    meaning all), none otherwise."""
+    count = np.where(x.recompute_layers > 0, np.minimum(x.recompute_layers, per_stage), per_stage)
+    return np.where(x.recompute == FULL, count, 0.0)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost.inputs import Col, CostInputs
+from autoconfig.cost.inputs import SQUARED_RELU, SWIGLU, Col, CostInputs
 
 ZERO = np.float64(0.0)
 
@@ -55,7 +55,7 @@ def _mlp_widths(x: CostInputs) -> tuple[Col, Col]:
     """(MLP width a token passes through, width of the up projection): a dense layer, or
     top-k routed plus shared experts; gated MLPs project up twice (gate and up)."""
     width = np.where(x.experts > 0, x.expert_ffn * (x.topk + x.shared_experts), x.ffn)
-    return width, np.where(x.mlp_kind == 1, 2.0, 1.0) * width
+    return width, np.where(x.mlp_kind == SWIGLU, 2.0, 1.0) * width
 
 
 def layer_ops(x: CostInputs) -> list[Op]:
@@ -77,8 +77,8 @@ def layer_ops(x: CostInputs) -> list[Op]:
     lse = x.flash * 4.0 * x.heads / t  # flash keeps fp32 log-sum-exp per head
 
     mlp_width, up_width = _mlp_widths(x)
-    gated = x.mlp_kind == 1
-    act_saved = np.select([x.mlp_kind == 1, x.mlp_kind == 2], [6.0, 2.0], 2.0) * mlp_width
+    gated = x.mlp_kind == SWIGLU
+    act_saved = np.select([gated, x.mlp_kind == SQUARED_RELU], [6.0, 2.0], 2.0) * mlp_width
     act_moved = np.where(gated, 6.0, 4.0) * mlp_width  # read input(s), write output, 2 B each
     mlp_weights = np.where(moe, x.expert_ffn * (x.experts + x.shared_experts), f)
 
@@ -96,7 +96,7 @@ def layer_ops(x: CostInputs) -> list[Op]:
         Op(
             "rope",
             "memory",
-            moved=(1.0 - x.learned_pos) * 4.0 * (q_width + kv_width) / t,
+            moved=x.rope * 4.0 * (q_width + kv_width) / t,
             kernels=2.0,
         ),
         Op(

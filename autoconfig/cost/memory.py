@@ -17,7 +17,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost.inputs import Col, CostInputs, stage_layers
+from autoconfig.cost.inputs import (
+    OP_LEVEL,
+    SELECTIVE,
+    SWIGLU,
+    Col,
+    CostInputs,
+    recomputed_layers,
+    stage_layers,
+)
 from autoconfig.cost.layer import (
     Op,
     embedding_ops,
@@ -27,7 +35,7 @@ from autoconfig.cost.layer import (
     op_level_sac_bytes,
     total,
 )
-from autoconfig.specs import GIB
+from autoconfig.vocab import GIB
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ def stage_params(x: CostInputs) -> StageParams:
     """Per-rank parameter counts: layers/pp layers split by tp (experts also by ep)."""
     h, t = x.hidden, x.tp
     q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
-    mats = np.where(x.mlp_kind == 1, 3.0, 2.0)
+    mats = np.where(x.mlp_kind == SWIGLU, 3.0, 2.0)
     moe = x.experts > 0
     norms = np.where(x.layernorm > 0, 4.0, 2.0) * h
     attn = h * (q_width + 2 * kv_width) + q_width * h
@@ -128,8 +136,10 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     tokens = x.mbs * x.seq / x.cp
     plain, selective, full, op_level = layer_activation_bytes(x, tokens, ops)
     per_stage = stage_layers(x)
-    recomputed = np.where(x.recompute == 2, np.minimum(x.recompute_layers, per_stage), 0.0)
-    per_mb_layer = np.select([x.recompute == 1, x.recompute == 3], [selective, op_level], plain)
+    recomputed = recomputed_layers(x, per_stage)
+    per_mb_layer = np.select(
+        [x.recompute == SELECTIVE, x.recompute == OP_LEVEL], [selective, op_level], plain
+    )
     stage_act = recomputed * full + (per_stage - recomputed) * per_mb_layer
     # Backward of a recomputed layer rebuilds that layer's activations one at a time.
     transient = np.where(recomputed > 0, plain, np.maximum(plain - per_mb_layer, 0.0))

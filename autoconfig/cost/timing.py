@@ -29,7 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoconfig.cost import comm
-from autoconfig.cost.inputs import Col, CostInputs, stage_layers
+from autoconfig.cost.inputs import (
+    OP_LEVEL,
+    SELECTIVE,
+    Col,
+    CostInputs,
+    recomputed_layers,
+    stage_layers,
+)
 from autoconfig.cost.layer import Op, embedding_ops, head_ops, layer_ops
 from autoconfig.cost.memory import StageParams, stage_params
 
@@ -121,12 +128,12 @@ def step_time(
     recompute_ops = [op for op in ops if op.dropped_by_selective or op.kind == "attention"]
     f_attn, _ = _fwd_bwd(x, recompute_ops, tokens)
     f_attn = np.maximum(f_attn, kernel_count(recompute_ops) * x.kernel_s)
-    recomputed = np.where(x.recompute == 2, np.minimum(x.recompute_layers, per_stage), 0.0)
+    recomputed = recomputed_layers(x, per_stage)
     # Op-level SAC re-runs every memory-bound op and half of the matmuls.
     f_cheap, _ = _fwd_bwd(x, [op for op in ops if op.kind == "memory"], tokens)
     f_mm, _ = _fwd_bwd(x, [op for op in ops if op.kind == "gemm"], tokens)
     extra_fwd = recomputed * f_layer + per_stage * np.select(
-        [x.recompute == 1, x.recompute == 3], [f_attn, f_cheap + 0.5 * f_mm], 0.0
+        [x.recompute == SELECTIVE, x.recompute == OP_LEVEL], [f_attn, f_cheap + 0.5 * f_mm], 0.0
     )
 
     f_emb, b_emb = _fwd_bwd(x, embedding_ops(x), tokens)

@@ -18,6 +18,7 @@ from pathlib import Path
 from autoconfig.errors import UserError
 from autoconfig.measure.task import run_rank
 from autoconfig.trainer.config import TrainConfig
+from autoconfig.vocab import Executor
 
 SLURM_ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 
@@ -188,7 +189,7 @@ class Launcher:
 
     def reattach(self, attrs: dict) -> Job | None:
         """The job a trial recorded, if it is still alive (after the search was killed)."""
-        if "job_id" not in attrs or attrs.get("executor") not in ("local", "slurm"):
+        if "job_id" not in attrs or attrs.get("executor") not in Executor.values():
             return None
         job = Job(
             attrs["executor"],

@@ -1,6 +1,5 @@
-"""What a finished trial came to: its failure class (ok, oom, timeout, crash, launch, invalid,
-interrupted), the reason in one line, the measured figures, and the time the search itself
-spent around the trainer."""
+"""What a finished trial came to: its failure class (vocab.FailureClass), the reason in one
+line, the measured figures, and the time the search itself spent around the trainer."""
 
 from __future__ import annotations
 
@@ -10,17 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoconfig.measure.launcher import Job
+from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
-from autoconfig.trainer.launch import assemble
 from autoconfig.trainer.metrics import RunMetrics, read_metrics
-
-# Classes that count as a finished trial toward --trials; the others cost no run.
-COUNTED = ("ok", "oom", "timeout", "crash", "launch")
+from autoconfig.vocab import FailureClass
 
 
 @dataclass
 class Outcome:
-    kind: str
+    kind: FailureClass
     reason: str = ""
     metrics: RunMetrics | None = None
     attrs: dict[str, object] = field(default_factory=dict)
@@ -45,14 +42,16 @@ def collect(cfg: TrainConfig, job: Job, run_dir: Path, timed_out: bool, limit_s:
         )
         if metrics.ttft_ms is not None:  # a generation trial
             attrs.update(measured_ttft_ms=metrics.ttft_ms, measured_tpot_ms=metrics.tpot_ms)
-        return Outcome("ok", "", metrics, attrs)
+        return Outcome(FailureClass.OK, "", metrics, attrs)
     if metrics.status == "oom":
-        return Outcome("oom", _first(metrics.message), metrics, attrs)
+        return Outcome(FailureClass.OOM, _first(metrics.message), metrics, attrs)
     if timed_out:
-        return Outcome("timeout", f"killed at the {limit_s:.0f} s trial limit", metrics, attrs)
+        reason = f"killed at the {limit_s:.0f} s trial limit"
+        return Outcome(FailureClass.TIMEOUT, reason, metrics, attrs)
     tail = job.log_tail()
     reason = _first(metrics.message) or "the job ended without a result"
-    return Outcome("crash", f"{reason}{' | log: ' + tail if tail else ''}"[:1500], metrics, attrs)
+    reason = f"{reason}{' | log: ' + tail if tail else ''}"[:1500]
+    return Outcome(FailureClass.CRASH, reason, metrics, attrs)
 
 
 def _metrics(cfg: TrainConfig, run_dir: Path) -> RunMetrics:

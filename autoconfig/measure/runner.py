@@ -12,19 +12,15 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState, create_trial
 
+from autoconfig import layout
 from autoconfig.errors import UserError
-from autoconfig.measure.candidates import DIMS, PREDICTED, Candidates, key_of, params_of
+from autoconfig.fileio import write_json
+from autoconfig.measure.candidates import PREDICTED, Candidates
 from autoconfig.measure.launcher import Job, Launcher, LaunchError
-from autoconfig.measure.outcome import (
-    COUNTED,
-    Outcome,
-    all_ranks_done,
-    collect,
-    finished_on_disk,
-)
+from autoconfig.measure.outcome import Outcome, all_ranks_done, collect, finished_on_disk
 from autoconfig.measure.sampler import distributions, taken_keys
 from autoconfig.trainer.config import TrainConfig
-from autoconfig.trainer.metrics import write_json_atomic
+from autoconfig.vocab import FailureClass
 
 POLL_S = 0.1
 KILL_GRACE_S = 10.0
@@ -70,7 +66,7 @@ class Runner:
         return [
             t
             for t in self.study.get_trials(deepcopy=False)
-            if t.state.is_finished() and t.user_attrs.get("failure_class") in COUNTED
+            if t.state.is_finished() and _counted(t.user_attrs.get("failure_class"))
         ]
 
     def gpu_hours(self) -> float:
@@ -122,18 +118,17 @@ class Runner:
         if nxt and self.flights and self._ranks_in_flight() + nxt > self.launcher.max_ranks:
             return False
         trial = self.study.ask(self.space)
-        params = {d: trial.params[d] for d in DIMS}
-        key = key_of(params)
+        key = layout.key(trial.params)
         if key not in set(self.candidates.table["key"]) or key in taken_keys(
             self.study, exclude=trial.number
         ):
             # Nothing untried was left to propose: close this trial without a run.
-            self._tell(trial, Outcome("invalid", "no untried candidate left"))
+            self._tell(trial, Outcome(FailureClass.INVALID, "no untried candidate left"))
             return False
         row = self.candidates.by_key(key)
         self._describe(trial, row)
         if row["refused"]:
-            self._tell(trial, Outcome("invalid", str(row["refused"])))
+            self._tell(trial, Outcome(FailureClass.INVALID, str(row["refused"])))
             return True
         fault = (self.settings.faults or {}).get(trial.number, "")
         cfg = self.candidates.config(key)
@@ -141,14 +136,14 @@ class Runner:
             cfg = cfg.model_copy(update={"fault": fault})
         run_dir = self.out / "trials" / f"{trial.number:04d}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / "config.json", cfg.model_dump(mode="json"))
+        write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
         trial.set_user_attr("world", cfg.world)
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("executor", self.launcher.kind)
         try:
             job = self.launcher.submit(cfg, run_dir)
         except LaunchError as exc:
-            self._tell(trial, Outcome("launch", str(exc)))
+            self._tell(trial, Outcome(FailureClass.LAUNCH, str(exc)))
             return True
         trial.set_user_attr("job_id", job.job_id)
         trial.set_user_attr("submitted", job.submitted)
@@ -215,8 +210,8 @@ class Runner:
 
     def _tell(self, trial: optuna.trial.Trial, outcome: Outcome) -> None:
         attrs = dict(outcome.attrs)
-        attrs["failure_class"] = outcome.kind
-        if outcome.kind == "oom":
+        attrs["failure_class"] = outcome.kind.value
+        if outcome.kind is FailureClass.OOM:
             pred = trial.user_attrs.get("pred_peak_mem_gb")
             cap = trial.user_attrs.get("mem_limit_gb")
             if pred is not None and cap is not None:
@@ -229,9 +224,9 @@ class Runner:
         for name, value in attrs.items():
             if value is not None:
                 trial.set_user_attr(name, value)
-        if outcome.kind == "ok":
+        if outcome.kind is FailureClass.OK:
             self.study.tell(trial, outcome.attrs["measured_tokens_per_s_per_gpu"])
-        elif outcome.kind == "invalid":
+        elif outcome.kind is FailureClass.INVALID:
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
             self.study.tell(trial, state=TrialState.FAIL)
@@ -271,7 +266,8 @@ class Runner:
                     )
                     self._tell(trial, collect(cfg, stub, run_dir, False, self.settings.timeout_s))
                     continue
-            self._tell(trial, Outcome("interrupted", "the search stopped while this trial ran"))
+            stopped = "the search stopped while this trial ran"
+            self._tell(trial, Outcome(FailureClass.INTERRUPTED, stopped))
             if frozen.params and "requeue_of" not in attrs:
                 self.study.enqueue_trial(
                     frozen.params, user_attrs={"source": "re-queued", "requeue_of": frozen.number}
@@ -291,19 +287,25 @@ class Runner:
                 "key": row["key"],
                 "label": row["label"],
                 "analytical_rank": int(row["analytical_rank"]),
-                "failure_class": "invalid",
+                "failure_class": FailureClass.INVALID.value,
                 "reason": row["refused"],
                 **{p: float(row[p]) for p in PREDICTED},
             }
             self.study.add_trial(
                 create_trial(
                     state=TrialState.PRUNED,
-                    params=params_of(row),
+                    params=layout.plain(row),
                     distributions=self.space,
                     user_attrs=attrs,
                 )
             )
-            self.progress.finished(-1, row["label"], Outcome("invalid", row["refused"]))
+            refused = Outcome(FailureClass.INVALID, row["refused"])
+            self.progress.finished(-1, row["label"], refused)
+
+
+def _counted(kind: object) -> bool:
+    """Whether a trial's recorded class used a run (counts toward --trials)."""
+    return kind in FailureClass.values() and FailureClass(kind).counted
 
 
 def check_settings(s: Settings) -> None:

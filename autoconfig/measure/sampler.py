@@ -15,16 +15,13 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from autoconfig.measure.candidates import DIMS, key_of
-
-SAMPLERS = ("tpe", "gp", "random", "grid", "model")
-NUMERIC = tuple(d for d in DIMS if d not in ("sp", "recompute"))
+from autoconfig import layout
 
 
 def distributions(table: pd.DataFrame) -> dict[str, BaseDistribution]:
     """One categorical distribution per dimension, over the values the candidates take."""
     out: dict[str, BaseDistribution] = {}
-    for dim in DIMS:
+    for dim in layout.NAMES:
         values = sorted(set(table[dim].tolist()), key=str)
         out[dim] = CategoricalDistribution(values)
     return out
@@ -37,8 +34,8 @@ def taken_keys(study: optuna.Study, exclude: int | None = None) -> set[str]:
         if t.number == exclude:
             continue
         params = t.params if t.params else t.system_attrs.get("fixed_params", {})
-        if all(d in params for d in DIMS):
-            keys.add(key_of(params))
+        if all(d in params for d in layout.NAMES):
+            keys.add(layout.key(params))
     return keys
 
 
@@ -81,7 +78,7 @@ class CandidateSampler(BaseSampler):
             row = pool.iloc[int(np.argmax(self._corrected(study, pool)))]
         else:
             row = self._snap(study, trial, pool)
-        return {d: _plain(row[d]) for d in DIMS}
+        return layout.plain(row)
 
     def sample_independent(
         self,
@@ -107,10 +104,10 @@ class CandidateSampler(BaseSampler):
         if self.kind == "random":  # the baseline: uniform over what is left
             return pool.iloc[int(self.rng.integers(len(pool)))]
         distance = np.zeros(len(pool))
-        for dim in DIMS:
+        for dim in layout.NAMES:
             want = proposal[dim]
             have = pool[dim].to_numpy()
-            if dim in NUMERIC:
+            if dim in layout.NUMERIC:
                 distance += np.abs(np.log2(have.astype(float) + 1) - math.log2(float(want) + 1))
             else:
                 distance += (have != want).astype(float)
@@ -142,10 +139,10 @@ class CandidateSampler(BaseSampler):
         )
         measured = pd.DataFrame([t.params for t in done])
         dist = np.zeros((len(pool), len(done)))
-        for dim in DIMS:
+        for dim in layout.NAMES:
             a = pool[dim].to_numpy()[:, None]
             b = measured[dim].to_numpy()[None, :]
-            if dim in NUMERIC:
+            if dim in layout.NUMERIC:
                 dist += np.abs(np.log2(a.astype(float) + 1) - np.log2(b.astype(float) + 1))
             else:
                 dist += (a != b).astype(float)
@@ -166,7 +163,3 @@ class CandidateSampler(BaseSampler):
     ) -> None:
         if self.inner is not None:
             self.inner.after_trial(study, trial, state, values)
-
-
-def _plain(value: object) -> object:
-    return value.item() if hasattr(value, "item") else value

@@ -1,6 +1,7 @@
-"""`autoconfig search --measure`: from the analytical ranking to a finished study and its
-report. Every check that can refuse the request (options, storage, SLURM options, a resumed
-folder of another search) runs before the study is touched."""
+"""`autoconfig search --measure`: from the analytical ranking to a finished study, returned as
+a MeasuredSearch for the layer above to report. Every check that can refuse the request
+(options, storage, SLURM options, a resumed folder of another search) runs before the study is
+touched."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from autoconfig.measure import candidates as cand
 from autoconfig.measure import summary
 from autoconfig.measure.launcher import Launcher, SlurmOptions
 from autoconfig.measure.progress import Progress
+from autoconfig.measure.result import MeasuredSearch
 from autoconfig.measure.runner import Runner, Settings, check_settings
-from autoconfig.measure.sampler import SAMPLERS, CandidateSampler
+from autoconfig.measure.sampler import CandidateSampler
 from autoconfig.measure.study import enqueue_top, open_storage, open_study, storage_url
-from autoconfig.report import files
+from autoconfig.training.result import SearchResult
+from autoconfig.vocab import Executor, Sampler
 
 FAULTS_ENV = "AUTOCONFIG_MEASURE_FAULTS"  # testing: "1:alloc@0,2:sleep@0" trial -> fault
 
@@ -56,10 +59,8 @@ def resolve_device(device: str) -> str:
 
 def check_options(opts: MeasureOptions) -> Settings:
     """Every option check that can refuse the request, before anything is built."""
-    if opts.sampler not in SAMPLERS:
-        raise UserError(f"sampler: '{opts.sampler}' is not one of {', '.join(SAMPLERS)}")
-    if opts.executor not in ("local", "slurm"):
-        raise UserError(f"executor: '{opts.executor}' is not one of local, slurm")
+    Sampler.parse(opts.sampler, "sampler")
+    Executor.parse(opts.executor, "executor")
     if opts.top_k < 0:
         raise UserError(f"enqueue-top: must be 0 or more (got {opts.top_k})")
     if opts.candidates < 1:
@@ -131,44 +132,25 @@ def measure(
     return trials, summary.ranking(table, trials), study
 
 
-def finish(opts: MeasureOptions, trials: pd.DataFrame, ranking: pd.DataFrame) -> int:
-    """Show the ranking; the exit code (0: something was measured)."""
-    summary.show(ranking, trials, 10, Console())
-    Console(stderr=True).print(
-        f"wrote {opts.out}/trials.csv, measured.csv and report.html", highlight=False
-    )
-    return 0 if len(trials) > 0 and bool((trials["class"] == "ok").any()) else 1
-
-
-def run(ranked: pd.DataFrame, model: str, gpu: str, opts: MeasureOptions) -> int:
-    """Measure the best candidates of `ranked`; returns the exit code (0: something measured)."""
+def run(result: SearchResult, model: str, gpu: str, opts: MeasureOptions) -> MeasuredSearch:
+    """Measure the best candidates of a search."""
     settings = check_options(opts)
     device = resolve_device(opts.device)
-    if not ranked.attrs.get("feasible"):
+    if not result.feasible:
         raise UserError("measure: no layout fits in memory, so there is nothing to measure")
     overrides = trial_overrides(opts, device, gpu)
-    table = cand.build(ranked, model, opts.candidates, overrides)
-    a = ranked.attrs
+    table = cand.build(result, model, opts.candidates, overrides)
+    r = result.request
     fingerprint = {
-        "model": str(a["model"]),
-        "gpus": int(a["gpus"]),
+        "model": r.model.name,
+        "gpus": int(r.gpus),
         "gpu": gpu,
-        "seq_len": int(a["seq_len"]),
-        "gbs": int(a["gbs"]),
-        "precision": str(a["precision"]),
+        "seq_len": int(r.seq_len),
+        "gbs": int(r.gbs),
+        "precision": str(r.precision),
     }
     trials, ranking, _ = measure(table, opts, settings, device, fingerprint, "candidates")
-    _write(opts.out, ranked, trials, ranking)
-    return finish(opts, trials, ranking)
-
-
-def _write(out: Path, ranked: pd.DataFrame, trials: pd.DataFrame, ranking: pd.DataFrame) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    files.write_search(ranked, out, measured=ranking)
-    for name, frame in (("trials.csv", trials), ("measured.csv", ranking)):
-        tmp = out / f".{name}.tmp"
-        frame.to_csv(tmp, index=False)
-        tmp.replace(out / name)
+    return MeasuredSearch(trials, ranking)
 
 
 def faults_from_env() -> dict[int, str]:

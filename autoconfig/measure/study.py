@@ -8,8 +8,9 @@ from pathlib import Path
 
 import optuna
 
+from autoconfig import layout
 from autoconfig.errors import UserError
-from autoconfig.measure.candidates import Candidates, params_of
+from autoconfig.measure.candidates import Candidates
 from autoconfig.measure.sampler import CandidateSampler
 
 STUDY_NAME = "autoconfig"
@@ -73,5 +74,5 @@ def enqueue_top(study: optuna.Study, candidates: Candidates, k: int) -> list[str
     """Queue the k best predicted layouts the trainer can run: the first trials measured."""
     top = candidates.runnable().sort_values("analytical_rank").head(k)
     for _, row in top.iterrows():
-        study.enqueue_trial(params_of(row), user_attrs={"source": "analytical top-k"})
+        study.enqueue_trial(layout.plain(row), user_attrs={"source": "analytical top-k"})
     return top["key"].tolist()

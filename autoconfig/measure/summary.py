@@ -4,17 +4,14 @@ side by side with the model's error; failures at the bottom with their class and
 
 from __future__ import annotations
 
-import math
 import statistics
 
 import optuna
 import pandas as pd
 from optuna.trial import TrialState
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from autoconfig.measure.candidates import Candidates
+from autoconfig.vocab import FailureClass
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
@@ -80,7 +77,7 @@ def ranking(candidates: Candidates, trials: pd.DataFrame) -> pd.DataFrame:
     scale = statistics.median(ratios) if len(ratios) else 1.0
     table["scaled_pred_tokens_per_s_per_gpu"] = table["pred_tokens_per_s_per_gpu"] * scale
     table["ranked_by"] = measured.map({True: "measured", False: "predicted"})
-    failed = table["class"].isin(["oom", "timeout", "crash", "launch", "invalid"])
+    failed = table["class"].isin([c.value for c in FailureClass if c.failed])
     table.loc[failed, "ranked_by"] = table.loc[failed, "class"]
     table["score"] = table["measured_tokens_per_s_per_gpu"].where(
         measured, table["scaled_pred_tokens_per_s_per_gpu"]
@@ -91,40 +88,4 @@ def ranking(candidates: Candidates, trials: pd.DataFrame) -> pd.DataFrame:
     )
     table = table.sort_values(["score", "analytical_rank"], ascending=[False, True])
     table.insert(0, "rank", range(1, len(table) + 1))
-    table.attrs["scale"] = scale
     return table.reset_index(drop=True)
-
-
-def show(ranked: pd.DataFrame, trials: pd.DataFrame, top: int, console: Console) -> None:
-    measured = trials[trials["class"] == "ok"] if len(trials) else trials
-    table = Table(
-        title="measured search: measured where measured, predicted otherwise", show_header=True
-    )
-    for col in ("#", "layout", "ranked by", "measured tok/s/GPU", "predicted", "model error"):
-        table.add_column(col, justify="left" if col in ("layout", "ranked by") else "right")
-    shown = ranked[(ranked["ranked_by"] == "measured") | (ranked.index < top)]
-    for _, r in shown.head(max(top, len(measured))).iterrows():
-        m = r["measured_tokens_per_s_per_gpu"]
-        table.add_row(
-            str(r["rank"]),
-            escape(r["label"]),
-            r["ranked_by"],
-            "-" if math.isnan(m) else f"{m:,.0f}",
-            f"{r['pred_tokens_per_s_per_gpu']:,.0f}",
-            "-" if math.isnan(r["error_pct"]) else f"{r['error_pct']:+.0f}%",
-        )
-    console.print(table)
-    if len(measured):
-        errors = measured["error_pct"].abs().dropna()
-        console.print(
-            f"{len(measured)} measured; the model's median absolute error on them "
-            f"{errors.median():.0f}%; unmeasured predictions scaled by "
-            f"{ranked.attrs['scale']:.3g} (median measured/predicted)"
-        )
-    failures = trials[~trials["class"].isin(["ok", "running"])] if len(trials) else trials
-    for _, f in failures.iterrows():
-        where = f"trial {f['trial']}" if f["trial"] >= 0 else "not run"
-        console.print(
-            f"[yellow]{f['class']}[/yellow] {where} {escape(f['layout'])}: {escape(f['reason'])}",
-            highlight=False,
-        )

@@ -1,111 +1,136 @@
-"""Launch settings for a chosen configuration: Megatron-LM flags, a NeMo 2.0 recipe override,
-and a torchtitan TOML parallelism section."""
+"""Launch settings for a chosen layout, written from each dimension's framework flags in
+autoconfig.layout (Megatron-LM flags, a NeMo 2.0 recipe override, a torchtitan TOML), plus the
+run-level settings (batch, sequence, precision) each framework names its own way. A value a
+framework cannot express is refused with a reason, never silently dropped."""
 
 from __future__ import annotations
 
-import pandas as pd
+import string
+from collections.abc import Mapping
+from typing import Any
+
+from autoconfig import layout
+from autoconfig.errors import UserError
+from autoconfig.layout import ANY
+from autoconfig.vocab import Framework
+
+# Run-level settings, after the layout's own (formatted with the same context).
+RUN_FLAGS: dict[Framework, tuple[str, ...]] = {
+    Framework.MEGATRON: (
+        "--global-batch-size {gbs}",
+        "--seq-length {seq_len}",
+        "{precision_flag}",
+        "--use-flash-attn",
+    ),
+    Framework.NEMO: (
+        "recipe.data.global_batch_size = {gbs}",
+        "recipe.data.seq_length = {seq_len}",
+        "{nemo_fp8}",
+    ),
+    Framework.TORCHTITAN: (
+        "[training] local_batch_size = {local_batch}",
+        "[training] global_batch_size = {gbs}",
+        "[training] seq_len = {seq_len}",
+        "{torchtitan_fp8}",
+    ),
+}
+HEADER = {
+    Framework.MEGATRON: "",
+    Framework.NEMO: "# NeMo 2.0: apply to a recipe, e.g. "
+    "recipe = llm.llama3_70b.pretrain_recipe(...)",
+    Framework.TORCHTITAN: "",
+}
 
 
-def megatron(row: pd.Series, layers: int, gbs: int, seq_len: int, precision: str) -> str:
-    flags = [
-        f"--tensor-model-parallel-size {row['tp']}",
-        f"--pipeline-model-parallel-size {row['pp']}",
-        f"--context-parallel-size {row['cp']}",
-        f"--micro-batch-size {row['mbs']}",
-        f"--global-batch-size {gbs}",
-        f"--seq-length {seq_len}",
-    ]
-    pp = int(row["pp"])
-    if pp > 1 and layers % pp:
-        # Uneven split: every stage but the last holds ceil(L/pp) layers.
-        flags.append(f"--decoder-last-pipeline-num-layers {layers - (pp - 1) * -(-layers // pp)}")
-    if int(row["vp"]) > 1:
-        flags.append(
-            f"--num-layers-per-virtual-pipeline-stage {layers // (int(row['pp']) * int(row['vp']))}"
-        )
-    if int(row["ep"]) > 1:
-        flags.append(f"--expert-model-parallel-size {row['ep']}")
-    if bool(row["sp"]):
-        flags.append("--sequence-parallel")
-    if row["recompute"] in ("selective", "op"):
-        # Megatron has no op-level SAC; its selective recompute is the nearest setting.
-        flags.append("--recompute-granularity selective")
-    elif row["recompute"] == "full":
-        flags += [
-            "--recompute-granularity full",
-            "--recompute-method block",
-            f"--recompute-num-layers {row['recompute_layers']}",
-        ]
-    if int(row["zero"]) >= 3:
-        flags.append("--use-torch-fsdp2")
-    elif int(row["zero"]) >= 1:
-        flags += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
-    flags.append("--fp8-format hybrid --bf16" if precision == "fp8" else f"--{precision}")
-    flags.append("--use-flash-attn")
-    return " \\\n  ".join(flags)
+def context(row: Mapping[str, Any], layers: int, gbs: int, seq_len: int, precision: str) -> dict:
+    """Every value a flag template may name: the layout, the run, and derived values (None
+    where they do not apply, which leaves their flag out)."""
+    c: dict[str, Any] = {**layout.plain(row), "layers": layers, "gbs": gbs, "seq_len": seq_len}
+    pp, vp, dp, mbs = c["pp"], c["vp"], c["dp"], c["mbs"]
+    uneven = pp > 1 and layers % pp
+    c["uneven_last_stage_layers"] = layers - (pp - 1) * -(-layers // pp) if uneven else None
+    c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 else None
+    c["pipeline_schedule"] = "Interleaved1F1B" if vp > 1 else "1F1B"
+    c["pipeline_microbatch"] = mbs if pp > 1 else None
+    c["local_batch"] = gbs // dp
+    c["dp_shard"] = dp if c["zero"] >= 2 else 1
+    c["dp_replicate"] = dp // c["dp_shard"]
+    fp8 = precision == "fp8"
+    c["precision_flag"] = "--fp8-format hybrid --bf16" if fp8 else f"--{precision}"
+    c["nemo_fp8"] = "recipe.trainer.plugins = bf16_with_fp8_mixed()" if fp8 else None
+    c["torchtitan_fp8"] = "[float8] enable_fsdp_float8_all_gather = true" if fp8 else None
+    return c
 
 
-def nemo(row: pd.Series, layers: int, gbs: int, seq_len: int, precision: str) -> str:
-    lines = [
-        "# NeMo 2.0: apply to a recipe, e.g. recipe = llm.llama3_70b.pretrain_recipe(...)",
-        f"recipe.trainer.strategy.tensor_model_parallel_size = {row['tp']}",
-        f"recipe.trainer.strategy.pipeline_model_parallel_size = {row['pp']}",
-        "recipe.trainer.strategy.virtual_pipeline_model_parallel_size = "
-        + (str(row["vp"]) if int(row["vp"]) > 1 else "None"),
-        f"recipe.trainer.strategy.context_parallel_size = {row['cp']}",
-        f"recipe.trainer.strategy.expert_model_parallel_size = {row['ep']}",
-        f"recipe.trainer.strategy.sequence_parallel = {bool(row['sp'])}",
-        f"recipe.data.micro_batch_size = {row['mbs']}",
-        f"recipe.data.global_batch_size = {gbs}",
-        f"recipe.data.seq_length = {seq_len}",
-    ]
-    if row["recompute"] == "full":
-        lines += [
-            'recipe.model.config.recompute_granularity = "full"',
-            'recipe.model.config.recompute_method = "block"',
-            f"recipe.model.config.recompute_num_layers = {row['recompute_layers']}",
-        ]
-    elif row["recompute"] in ("selective", "op"):
-        lines.append('recipe.model.config.recompute_granularity = "selective"')
-    if int(row["zero"]) >= 1:
-        lines.append("recipe.trainer.strategy.ddp.use_distributed_optimizer = True")
-    if precision == "fp8":
-        lines.append("recipe.trainer.plugins = bf16_with_fp8_mixed()")
-    return "\n".join(lines)
+def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[str, ...]:
+    spec = d.flags.get(framework)
+    if spec is None:
+        raise UserError(f"emit: {framework.value} has no setting for {d.name}")
+    if isinstance(spec, str | tuple):
+        chosen = spec
+    else:
+        key = d.plain(value)
+        if key in spec:
+            chosen = spec[key]
+        elif ANY in spec:
+            chosen = spec[ANY]
+        else:
+            raise UserError(f"emit: {framework.value} cannot run {d.name} {key}")
+    return (chosen,) if isinstance(chosen, str) else tuple(chosen)
 
 
-def torchtitan(row: pd.Series, layers: int, gbs: int, seq_len: int, precision: str) -> str:
-    shard = int(row["dp"]) if int(row["zero"]) >= 2 else 1
-    replicate = int(row["dp"]) // shard
-    schedule = "Interleaved1F1B" if int(row["vp"]) > 1 else "1F1B"
-    mode = {"none": "none", "selective": "selective", "full": "full", "op": "selective"}[
-        row["recompute"]
-    ]
-    lines = [
-        "[parallelism]",
-        f"data_parallel_replicate_degree = {replicate}",
-        f"data_parallel_shard_degree = {shard}",
-        f"tensor_parallel_degree = {row['tp']}",
-        f"pipeline_parallel_degree = {row['pp']}",
-        f'pipeline_parallel_schedule = "{schedule}"',
-        f"context_parallel_degree = {row['cp']}",
-        f"expert_parallel_degree = {row['ep']}",
-        "",
-        "[training]",
-        f"local_batch_size = {gbs // int(row['dp'])}",
-        f"global_batch_size = {gbs}",
-        f"seq_len = {seq_len}",
-        "",
-        "[activation_checkpoint]",
-        f'mode = "{mode}"',
-    ]
-    if row["recompute"] == "op":
-        lines.append('selective_ac_option = "op"')
-    if int(row["pp"]) > 1:
-        lines.insert(7, f"pipeline_parallel_microbatch_size = {row['mbs']}")
-    if precision == "fp8":
-        lines += ["", "[float8]", "enable_fsdp_float8_all_gather = true"]
-    return "\n".join(lines)
+def _render(template: str, ctx: Mapping[str, Any]) -> str | None:
+    """The template filled in, or None when it names a value that does not apply."""
+    names = [f for _, f, _, _ in string.Formatter().parse(template) if f]
+    if any(ctx.get(n) is None for n in names):
+        return None
+    return template.format(**ctx)
 
 
-EXPORTERS = {"megatron": megatron, "nemo": nemo, "torchtitan": torchtitan}
+def lines(
+    framework: Framework,
+    row: Mapping[str, Any],
+    layers: int,
+    gbs: int,
+    seq_len: int,
+    precision: str,
+) -> list[str]:
+    """The framework's settings for the layout in `row`, one per line, in declaration order."""
+    ctx = context(row, layers, gbs, seq_len, precision)
+    out: list[str] = []
+    for d in layout.DIMENSIONS:
+        out += [t for t in (_render(t, ctx) for t in _templates(d, framework, row[d.name])) if t]
+    out += [t for t in (_render(t, ctx) for t in RUN_FLAGS[framework]) if t]
+    return out
+
+
+def export(
+    framework: Framework | str,
+    row: Mapping[str, Any],
+    layers: int,
+    gbs: int,
+    seq_len: int,
+    precision: str,
+) -> str:
+    """The launch settings as text the framework reads."""
+    framework = Framework.parse(framework, "emit")
+    settings = lines(framework, row, layers, gbs, seq_len, precision)
+    if framework is Framework.MEGATRON:
+        return " \\\n  ".join(settings)
+    if framework is Framework.NEMO:
+        return "\n".join([HEADER[framework], *settings])
+    return _toml(settings)
+
+
+def _toml(settings: list[str]) -> str:
+    """torchtitan's TOML: lines without a section go to [parallelism]; '[section] line' lines
+    to their section."""
+    sections: dict[str, list[str]] = {"parallelism": []}
+    for line in settings:
+        if line.startswith("["):
+            name, _, rest = line[1:].partition("] ")
+            for part in rest.split("\n"):
+                sections.setdefault(name, []).append(part)
+        else:
+            sections["parallelism"].append(line)
+    return "\n\n".join(f"[{name}]\n" + "\n".join(body) for name, body in sections.items())

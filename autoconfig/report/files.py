@@ -1,38 +1,50 @@
-"""Search outputs on disk: results.csv (every evaluated candidate), best.json and report.html,
-each written to a temporary file and renamed, so an interrupted run leaves no half-written file."""
+"""Search outputs on disk: results.csv (every evaluated candidate), best.json, report.html and,
+after a measured search, trials.csv and measured.csv; each written whole or not at all."""
 
 from __future__ import annotations
 
-import json
-import os
+import sys
 from pathlib import Path
 
 import pandas as pd
 
+from autoconfig.fileio import write_json, write_text
+from autoconfig.measure.result import MeasuredSearch
 from autoconfig.report import html
+from autoconfig.training.result import SearchResult
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:  # interrupted (Ctrl-C) or failed: leave neither a partial file nor the temporary
-        tmp.unlink(missing_ok=True)
+def plain_row(row: pd.Series | None) -> dict | None:
+    """A table row as JSON-friendly values (blanks left out)."""
+    if row is None:
+        return None
+    return {
+        k: (v.item() if hasattr(v, "item") else v)
+        for k, v in row.items()
+        if not (isinstance(v, float) and pd.isna(v))
+    }
 
 
-def write_search(ranked: pd.DataFrame, out: Path, measured: pd.DataFrame | None = None) -> None:
+def write_search(result: SearchResult, out: Path, measured: MeasuredSearch | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "results.csv", ranked.to_csv(index=False))
-    best = None
-    if ranked.attrs.get("feasible"):
-        row = ranked.iloc[0]
-        best = {
-            k: (v.item() if hasattr(v, "item") else v)
-            for k, v in row.items()
-            if not (isinstance(v, float) and pd.isna(v))
-        }
-    context = {k: v for k, v in ranked.attrs.items() if k != "advice"}
-    payload = {"inputs": context, "best": best, "advice": ranked.attrs.get("advice", [])}
-    _atomic_write(out / "best.json", json.dumps(payload, indent=2, default=str))
-    _atomic_write(out / "report.html", html.render(ranked, measured=measured))
+    write_text(out / "results.csv", result.table.to_csv(index=False))
+    payload = {"inputs": result.context(), "best": plain_row(result.best), "advice": result.advice}
+    write_json(out / "best.json", payload)
+    write_text(out / "report.html", html.render(result, measured=measured))
+    if measured is not None:
+        write_measured(out, measured)
+
+
+def write_measured(out: Path, measured: MeasuredSearch) -> None:
+    write_text(out / "trials.csv", measured.trials.to_csv(index=False))
+    write_text(out / "measured.csv", measured.ranking.to_csv(index=False))
+
+
+def write_batch(result: pd.DataFrame, out: Path | None) -> None:
+    """A batch estimate's table: to stdout, or whole to a file with a line on stderr."""
+    bad = int((result["error"] != "").sum())
+    if out is None:
+        result.to_csv(sys.stdout, index=False)
+    else:
+        write_text(out, result.to_csv(index=False))
+        print(f"wrote {len(result)} rows to {out} ({bad} with an error)", file=sys.stderr)

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import html
 import json
-from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from autoconfig.rank import layout_labels, top_row
+from autoconfig import layout, resources
+from autoconfig.measure.result import MeasuredSearch
 from autoconfig.report.terminal import MEMORY_PARTS, TIME_PARTS
+from autoconfig.training.rank import top_row
+from autoconfig.training.result import SearchResult
 
-ACCURACY_FILE = Path(__file__).resolve().parent.parent.parent / "docs" / "accuracy.json"
+ACCURACY = "accuracy.json"  # written by scripts/validate_published.py
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
 table { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
@@ -26,9 +28,10 @@ th:nth-child(2), td:nth-child(2) { text-align: left; }
 
 
 def _accuracy_note() -> str:
-    if not ACCURACY_FILE.exists():
+    asset = resources.asset(ACCURACY)
+    if not asset.is_file():
         return "The model's accuracy has not been measured for this installation."
-    acc = json.loads(ACCURACY_FILE.read_text())
+    acc = json.loads(asset.read_text())
     return (
         f"Known accuracy (docs/validation.md, {acc['rows']} published runs, 16-bit, held-out "
         f"rows included): median absolute error of tokens/s/GPU {acc['median_ape_pct']:.0f}%, "
@@ -62,7 +65,7 @@ def _scatter(feasible: pd.DataFrame) -> go.Figure:
                 mode="markers",
                 name=name,
                 marker={"size": 5, "opacity": 0.6},
-                text=layout_labels(group),
+                text=layout.labels(group),
                 hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.0f} tokens/s/GPU<extra></extra>",
             )
         )
@@ -76,7 +79,7 @@ def _scatter(feasible: pd.DataFrame) -> go.Figure:
 
 
 def _stacked(top: pd.DataFrame, parts: tuple, title: str, unit: str) -> go.Figure:
-    labels = "#" + top["rank"].astype(str) + " " + layout_labels(top)
+    labels = "#" + top["rank"].astype(str) + " " + layout.labels(top)
     fig = go.Figure()
     for label, col in parts:
         fig.add_trace(go.Bar(name=label, x=labels, y=top[col]))
@@ -84,8 +87,9 @@ def _stacked(top: pd.DataFrame, parts: tuple, title: str, unit: str) -> go.Figur
     return fig
 
 
-def _measured_section(measured: pd.DataFrame) -> tuple[str, list[go.Figure]]:
+def _measured_section(search: MeasuredSearch) -> tuple[str, list[go.Figure]]:
     """The measured search: its ranking table and predicted vs measured throughput."""
+    measured = search.ranking
     done = measured[measured["ranked_by"] == "measured"]
     tried = measured[measured["class"] != ""]
     rows = pd.concat([tried, measured[measured["class"] == ""].head(5)])
@@ -107,7 +111,7 @@ def _measured_section(measured: pd.DataFrame) -> tuple[str, list[go.Figure]]:
     table = _table("measured", head, cells)
     text = (
         "<h2>Measured trials</h2><p class='note'>Ranked by measured throughput where measured, "
-        f"by the prediction otherwise (scaled by {measured.attrs.get('scale', 1.0):.3g}, the "
+        f"by the prediction otherwise (scaled by {search.scale:.3g}, the "
         "median measured/predicted ratio). Failed trials are listed with their class and "
         "reason.</p>" + table
     )
@@ -137,9 +141,9 @@ def _measured_section(measured: pd.DataFrame) -> tuple[str, list[go.Figure]]:
     return text, [fig]
 
 
-def render(ranked: pd.DataFrame, top_k: int = 10, measured: pd.DataFrame | None = None) -> str:
-    a = ranked.attrs
-    feasible = ranked[ranked["pruned"] == ""]
+def render(result: SearchResult, top_k: int = 10, measured: MeasuredSearch | None = None) -> str:
+    a = result.context()
+    feasible = result.ranked
     top = feasible.head(top_k)
     inputs = {
         "model": a["model"],
@@ -158,9 +162,9 @@ def render(ranked: pd.DataFrame, top_k: int = 10, measured: pd.DataFrame | None 
         + "</table>",
         f"<p class='note'>{html.escape(_accuracy_note())}</p>",
     ]
-    if a.get("explanation"):
-        parts.append(f"<p>{html.escape(a['explanation'])}</p>")
-    for line in a.get("advice", []):
+    if result.explanation:
+        parts.append(f"<p>{html.escape(result.explanation)}</p>")
+    for line in result.advice:
         parts.append(f"<p>{html.escape(line)}</p>")
     figures = []
     if len(feasible):

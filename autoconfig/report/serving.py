@@ -14,17 +14,22 @@ from plotly.subplots import make_subplots
 from rich.console import Group
 from rich.table import Table
 
-from autoconfig.report.files import _atomic_write
+from autoconfig import resources
+from autoconfig.fileio import write_json, write_text
+from autoconfig.measure.result import MeasuredSearch
+from autoconfig.report.files import plain_row, write_measured
 from autoconfig.report.html import STYLE, _table
+from autoconfig.serve.result import ServingResult
 from autoconfig.serve.search import pareto_front
 
-ACCURACY_FILE = Path(__file__).resolve().parent.parent.parent / "docs" / "inference_accuracy.json"
+ACCURACY = "inference_accuracy.json"  # written by scripts/validate_inference.py
 
 
 def accuracy_note() -> str:
-    if not ACCURACY_FILE.exists():
+    asset = resources.asset(ACCURACY)
+    if not asset.is_file():
         return "The serving model's accuracy has not been measured for this installation."
-    acc = json.loads(ACCURACY_FILE.read_text())
+    acc = json.loads(asset.read_text())
     return (
         f"Known accuracy (docs/inference_validation.md, {acc['rows']} published A100 points): "
         f"median absolute error of end-to-end latency {acc['latency_median_ape_pct']:.1f}%, "
@@ -62,17 +67,19 @@ def _title(a: dict) -> str:
     )
 
 
-def _shown(out: pd.DataFrame, top: int) -> pd.DataFrame:
+def _shown(result: ServingResult, top: int) -> pd.DataFrame:
     """The best that meet the budget, or (when none does) the fitting ones closest to it."""
-    if out.attrs["feasible"]:
+    out = result.table
+    if result.feasible:
         return out[out["meets"]].head(top)
     return out[out["pred_fits"].astype(bool)].sort_values("miss", kind="stable").head(top)
 
 
-def terminal_view(out: pd.DataFrame, top: int) -> Group:
-    a = out.attrs
+def terminal_view(result: ServingResult, top: int) -> Group:
+    a = result.context()
+    out = result.table
     table = Table(title=_title(a), title_justify="left")
-    rows = _shown(out, top)
+    rows = _shown(result, top)
     for i, (_, row) in enumerate(rows.iterrows()):
         cells = row_cells(row)
         if i == 0:
@@ -90,9 +97,10 @@ def terminal_view(out: pd.DataFrame, top: int) -> Group:
     return Group(table, *lines)
 
 
-def _pareto_figure(out: pd.DataFrame) -> go.Figure:
+def _pareto_figure(result: ServingResult) -> go.Figure:
     """Latency metrics against throughput per GPU, the front highlighted, budgets as lines."""
-    a = out.attrs
+    a = result.context()
+    out = result.table
     fitting = out[out["pred_fits"].astype(bool)]
     panels = (("pred_ttft_ms", "TTFT"), ("pred_tpot_ms", "TPOT"), ("pred_latency_ms", "latency"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{p} (ms)" for _, p in panels])
@@ -193,8 +201,9 @@ def _measured_section(trials: pd.DataFrame) -> str:
     return "<h2>Measured trials</h2>" + _table("measured", head, rows)
 
 
-def render(out: pd.DataFrame, top: int = 15, trials: pd.DataFrame | None = None) -> str:
-    a = out.attrs
+def render(result: ServingResult, top: int = 15, trials: pd.DataFrame | None = None) -> str:
+    a = result.context()
+    out = result.table
     inputs = {
         "model": a["model"],
         "GPUs": f"{a['gpus']} x {a['gpu']}",
@@ -206,7 +215,7 @@ def render(out: pd.DataFrame, top: int = 15, trials: pd.DataFrame | None = None)
         "meet the budget": f"{a['feasible']:,}",
         "serving constants": a["constants"],
     }
-    rows = [list(row_cells(r).values()) for _, r in _shown(out, top).iterrows()]
+    rows = [list(row_cells(r).values()) for _, r in _shown(result, top).iterrows()]
     head = list(row_cells(out.iloc[0]).keys())
     parts = [
         f"<h1>autoconfig serving: {html.escape(a['model'])} on {a['gpus']} GPUs</h1>",
@@ -222,7 +231,7 @@ def render(out: pd.DataFrame, top: int = 15, trials: pd.DataFrame | None = None)
     parts.append("<h2>Configurations</h2>" + _table("top", head, rows))
     if trials is not None and len(trials):
         parts.append(_measured_section(trials))
-    parts.append(pio.to_html(_pareto_figure(out), include_plotlyjs=True, full_html=False))
+    parts.append(pio.to_html(_pareto_figure(result), include_plotlyjs=True, full_html=False))
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig serving "
         f"{html.escape(a['model'])}</title><style>{STYLE}</style></head><body>"
@@ -231,28 +240,13 @@ def render(out: pd.DataFrame, top: int = 15, trials: pd.DataFrame | None = None)
     )
 
 
-def write(
-    out: pd.DataFrame,
-    folder: Path,
-    trials: pd.DataFrame | None = None,
-    ranking: pd.DataFrame | None = None,
-) -> None:
+def write(result: ServingResult, folder: Path, measured: MeasuredSearch | None = None) -> None:
     """results.csv (every candidate), best.json and report.html; with a measured search also
     trials.csv (every trial) and measured.csv (measured where measured, else predicted)."""
     folder.mkdir(parents=True, exist_ok=True)
-    _atomic_write(folder / "results.csv", out.to_csv(index=False))
-    best = None
-    if out.attrs["feasible"]:
-        row = out.iloc[0]
-        best = {
-            k: (v.item() if hasattr(v, "item") else v)
-            for k, v in row.items()
-            if not (isinstance(v, float) and pd.isna(v))
-        }
-    payload = {"inputs": dict(out.attrs), "best": best}
-    _atomic_write(folder / "best.json", json.dumps(payload, indent=2, default=str))
-    _atomic_write(folder / "report.html", render(out, trials=trials))
-    if trials is not None:
-        _atomic_write(folder / "trials.csv", trials.to_csv(index=False))
-    if ranking is not None:
-        _atomic_write(folder / "measured.csv", ranking.to_csv(index=False))
+    write_text(folder / "results.csv", result.table.to_csv(index=False))
+    write_json(folder / "best.json", {"inputs": result.context(), "best": plain_row(result.best)})
+    trials = measured.trials if measured is not None else None
+    write_text(folder / "report.html", render(result, trials=trials))
+    if measured is not None:
+        write_measured(folder, measured)

@@ -1,4 +1,5 @@
-"""Rich terminal views: one estimate's breakdown, and the model/GPU catalog tables."""
+"""Rich terminal views: a search's ranking, one estimate's breakdown, a measured search, a
+calibration, and the model/GPU catalog tables."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import pandas as pd
 from rich.console import Console, Group
 from rich.table import Table
 
+from autoconfig import layout
 from autoconfig.specs import GPUSpec, ModelSpec
+from autoconfig.training.rank import top_row
+from autoconfig.training.result import SearchResult
 
 MEMORY_PARTS = (
     ("weights", "mem_weights_gb"),
@@ -33,25 +37,16 @@ TIME_PARTS = (
 )
 
 
-def _layout(row: pd.Series) -> str:
-    parts = [
-        f"{k}{int(row[k])}"
-        for k in ("dp", "tp", "pp", "vp", "cp", "ep")
-        if k in ("dp", "tp", "pp") or int(row[k]) > 1
-    ]
-    sp = " sp" if str(row.get("sp", "")).lower() in ("y", "true", "1") else ""
-    return " ".join(parts) + sp
-
-
-def estimate_view(row: pd.Series, resolved: pd.Series) -> Group:
-    """The breakdown of one estimate."""
+def estimate_view(row: pd.Series) -> Group:
+    """The breakdown of one estimate (a row of autoconfig.estimate)."""
+    resolved = row
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
     head.add_row("model", f"{row['model']} on {int(row['num_gpus'])} x {row['gpu']}")
     head.add_row(
         "layout",
-        f"{_layout(resolved)}  mbs {int(resolved['mbs'])}  gbs {int(row['gbs'])}"
+        f"{layout.label(row)}  mbs {int(resolved['mbs'])}  gbs {int(row['gbs'])}"
         f"  seq {int(row['seq_len'])}",
     )
     head.add_row(
@@ -168,13 +163,12 @@ def print_view(view: object) -> None:
 
 
 def search_view(
-    ranked: pd.DataFrame, top: int, tokens: float | None, gpu_hour_usd: float | None
+    result: SearchResult, top: int, tokens: float | None, gpu_hour_usd: float | None
 ) -> Group:
     """The top configurations, the pruning summary and why the winner wins."""
-    from autoconfig.rank import top_row
-
-    a = ranked.attrs
-    feasible = ranked[ranked["pruned"] == ""].head(top)
+    a = result.context()
+    ranked = result.table
+    feasible = result.ranked.head(top)
     table = Table(
         title=f"{a['model']} on {a['gpus']} x {a['gpu']}: seq {a['seq_len']}, "
         f"gbs {a['gbs']}, {a['precision']}",
@@ -206,7 +200,7 @@ def search_view(
         )
     if a["explanation"]:
         lines.append(a["explanation"])
-    lines.extend(a["advice"])
+    lines.extend(result.advice)
     if a["feasible"] and (ranked["near_tie"].sum() > 1):
         lines.append(
             f"~ marks near-ties: within the model's error of #1 "

@@ -1,5 +1,5 @@
-"""Serving predictions for a table of points (`autoconfig infer --runs`), and the same for one
-configuration: input columns first, then the pred_* columns, breakdowns and `error`."""
+"""Serving predictions for a table of points (`autoconfig infer --runs`): input columns first,
+then the pred_* columns, breakdowns and `error`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 
 from autoconfig.cost.inference import INFERENCE_COLUMNS, evaluate_serving
 from autoconfig.frame import with_predictions
-from autoconfig.serve.frame import prepare_serving
+from autoconfig.serve.frame import read_serving_rows
 
 
 def predict_frame(points: pd.DataFrame) -> pd.DataFrame:
@@ -17,7 +17,7 @@ def predict_frame(points: pd.DataFrame) -> pd.DataFrame:
     if points.empty:
         return points.assign(**{c: pd.Series(dtype=float) for c in INFERENCE_COLUMNS}, error="")
     points = points.reset_index(drop=True)
-    inputs, errors, _ = prepare_serving(points)
+    rows = read_serving_rows(points)
     with np.errstate(all="ignore"):
-        preds = evaluate_serving(inputs)
-    return with_predictions(points, preds, errors)
+        preds = evaluate_serving(rows.inputs())
+    return with_predictions(points, preds, rows.errors)

@@ -4,67 +4,17 @@ front of end-to-end latency against throughput per GPU."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from autoconfig import catalog
-from autoconfig.cost.inference import inference_constants
+from autoconfig.columns import serving_inputs
+from autoconfig.cost.inference import evaluate_serving
 from autoconfig.errors import UserError
-from autoconfig.frame import model_columns_for_frame
-from autoconfig.serve.frame import KV_PRECISIONS, WEIGHT_PRECISIONS
-from autoconfig.serve.predict import predict_frame
-from autoconfig.specs import ModelSpec
-
-OBJECTIVES = ("throughput", "latency")
-DEFAULT_MAX_BATCH = 1024
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Upper bounds in milliseconds and a lower bound on the deployment's output tokens/s."""
-
-    max_ttft_ms: float | None = None
-    max_tpot_ms: float | None = None
-    max_latency_ms: float | None = None
-    min_throughput: float | None = None
-
-    def check(self) -> None:
-        for name, value in self.__dict__.items():
-            if value is not None and not value > 0:
-                flag = name.replace("_", "-")
-                raise UserError(f"{flag}: must be a positive number (got {value:g})")
-
-    def limits(self) -> list[tuple[str, str, float, str]]:
-        """(column, label, limit, 'max' | 'min') of every bound that is set."""
-        out = []
-        for col, label, value, kind in (
-            ("pred_ttft_ms", "TTFT", self.max_ttft_ms, "max"),
-            ("pred_tpot_ms", "TPOT", self.max_tpot_ms, "max"),
-            ("pred_latency_ms", "latency", self.max_latency_ms, "max"),
-            ("pred_output_tokens_per_s", "throughput", self.min_throughput, "min"),
-        ):
-            if value is not None:
-                out.append((col, label, float(value), kind))
-        return out
-
-
-@dataclass(frozen=True)
-class Request:
-    model: str | ModelSpec
-    gpu: str
-    gpus: int
-    input_len: int
-    output_len: int
-    precision: str = "bf16"
-    kv_precision: str = "auto"
-    budget: Budget = Budget()
-    objective: str = "throughput"
-    max_batch: int = DEFAULT_MAX_BATCH
-    batches: tuple[int, ...] | None = None
-    gpus_per_node: int | None = None
-    allow_tp_across_nodes: bool = False
+from autoconfig.serve.request import Budget, Request
+from autoconfig.serve.result import ServingResult
+from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.vocab import KvPrecision, Objective, ServePrecision
 
 
 def _check(req: Request, spec: ModelSpec) -> None:
@@ -72,12 +22,9 @@ def _check(req: Request, spec: ModelSpec) -> None:
         value = getattr(req, name)
         if value < 1:
             raise UserError(f"{name.replace('_', '-')}: must be a positive integer (got {value})")
-    if req.precision not in WEIGHT_PRECISIONS:
-        raise UserError(f"precision: must be one of {', '.join(WEIGHT_PRECISIONS)}")
-    if req.kv_precision != "auto" and req.kv_precision not in KV_PRECISIONS:
-        raise UserError(f"kv-precision: must be auto or one of {', '.join(KV_PRECISIONS)}")
-    if req.objective not in OBJECTIVES:
-        raise UserError(f"objective: must be one of {', '.join(OBJECTIVES)}")
+    ServePrecision.parse(req.precision, "precision")
+    KvPrecision.parse(req.kv_precision, "kv-precision")
+    Objective.parse(req.objective, "objective")
     if req.batches is not None and any(b < 1 for b in req.batches):
         raise UserError("batch: batch sizes must be positive integers")
     req.budget.check()
@@ -117,23 +64,38 @@ def _batches(req: Request) -> list[int]:
     return sorted({x for x in out if x <= req.max_batch} | {req.max_batch})
 
 
-def _frame(req: Request, spec: ModelSpec, layouts: list[tuple[int, int]], batches: list[int]):
-    tps = np.array([t for t, _ in layouts for _ in batches])
-    pps = np.array([p for _, p in layouts for _ in batches])
-    bs = np.tile(np.array(batches), len(layouts))
-    base = {
-        **model_columns_for_frame(spec),
-        "gpu": req.gpu,
-        "input_len": req.input_len,
-        "output_len": req.output_len,
-        "precision": req.precision,
-        "kv_precision": req.kv_precision,
-        "gpus_per_node": req.gpus_per_node if req.gpus_per_node else "",
-    }
-    frame = pd.DataFrame({"tp": tps, "pp": pps, "batch_size": bs})
-    for key, value in base.items():
-        frame[key] = value
-    return frame
+def predict(
+    req: Request,
+    spec: ModelSpec,
+    hardware: tuple[GPUSpec, ClusterSpec],
+    layouts: list[tuple[int, int]],
+    batches: list[int],
+    gpus: int | None = None,
+) -> pd.DataFrame:
+    """Predictions for every (tp, pp) layout at every batch size: the deployment columns, then
+    the pred_* figures and breakdowns. `gpus` is the deployment's size (default: one
+    replica)."""
+    tps = np.array([t for t, _ in layouts for _ in batches], dtype=float)
+    pps = np.array([p for _, p in layouts for _ in batches], dtype=float)
+    weights = ServePrecision.parse(req.precision, "precision")
+    deployments = pd.DataFrame(
+        {
+            "tp": tps,
+            "pp": pps,
+            "batch_size": np.tile(np.array(batches, dtype=float), len(layouts)),
+            "input_len": float(req.input_len),
+            "output_len": float(req.output_len),
+            "replicas": (gpus / (tps * pps)) if gpus else 1.0,
+            "precision": weights.value,
+            "kv_precision": KvPrecision.parse(req.kv_precision, "kv-precision")
+            .resolve(weights)
+            .value,
+        }
+    )
+    with np.errstate(all="ignore"):
+        preds = evaluate_serving(serving_inputs(spec, hardware, deployments))
+    out = pd.concat([deployments, pd.DataFrame(preds)], axis=1)
+    return out.astype({"tp": int, "pp": int, "batch_size": int, "replicas": int})
 
 
 def _layouts(req: Request, spec: ModelSpec, node: int) -> list[tuple[int, int]]:
@@ -154,17 +116,16 @@ def min_gpus(req: Request, spec: ModelSpec, node: int) -> tuple[int, str] | None
         for tp in _tp_degrees(spec, 4 * node, node, True)
         for pp in range(1, spec.layers + 1)
     ]
-    frame = _frame(req, spec, layouts, [1])
-    frame["num_gpus"] = frame["tp"] * frame["pp"]
-    pred = predict_frame(frame)
-    ok = pred[(pred["error"] == "") & (pred["pred_fits"] == True)]  # noqa: E712
+    gpu = catalog.get_gpu(req.gpu)
+    pred = predict(req, spec, (gpu, catalog.cluster_for(gpu, req.gpus_per_node)), layouts, [1])
+    ok = pred[pred["pred_fits"].astype(bool)]
     if ok.empty:
         return None
     best = ok.assign(n=ok["tp"] * ok["pp"]).sort_values(["n", "pp"]).iloc[0]
     return int(best["n"]), f"tp{best['tp']} pp{best['pp']}"
 
 
-def search(req: Request) -> pd.DataFrame:
+def search(req: Request) -> ServingResult:
     """Every candidate with its predictions, `meets` (fits and within budget), `pruned` (why
     not), `rank` (1 = best by the objective among those that meet) and `pareto`."""
     spec = catalog.get_model(req.model) if isinstance(req.model, str) else req.model
@@ -177,14 +138,8 @@ def search(req: Request) -> pd.DataFrame:
             f"gpus: no tp*pp split of {req.gpus} GPUs suits {spec.name} "
             f"({spec.heads} heads, {spec.kv} K/V heads, {spec.layers} layers)"
         )
-    frame = _frame(req, spec, layouts, _batches(req))
-    frame["num_gpus"] = req.gpus
-    out = predict_frame(frame)
-    bad = out["error"] != ""
-    if bad.all():
-        raise UserError(out.loc[bad, "error"].iloc[0])
-    out = out[~bad].reset_index(drop=True)
-    out["replicas"] = req.gpus // (out["tp"] * out["pp"])
+    hardware = (gpu, catalog.cluster_for(gpu, req.gpus_per_node))
+    out = predict(req, spec, hardware, layouts, _batches(req), req.gpus)
     fits = out["pred_fits"].astype(bool)
     if not fits.any():
         raise UserError(_no_fit_message(req, spec, node, out))
@@ -230,23 +185,16 @@ def search(req: Request) -> pd.DataFrame:
     out = out.reset_index(drop=True)
     n = int(out["meets"].sum())
     out["rank"] = pd.array([*range(1, n + 1), *([pd.NA] * (len(out) - n))], dtype="Int64")
-    _, provenance = inference_constants(gpu)
-    out.attrs.update(
-        model=spec.name,
-        gpu=gpu.name,
-        gpus=req.gpus,
-        input_len=req.input_len,
-        output_len=req.output_len,
-        precision=req.precision,
-        kv_precision=req.kv_precision,
-        objective=req.objective,
-        budget={label: limit for _, label, limit, _ in req.budget.limits()},
-        candidates=len(out),
+    _, provenance = catalog.serving_constants(gpu)
+    return ServingResult(
+        request=req,
+        model=spec,
+        gpu=gpu,
+        table=out,
         feasible=n,
         constants=provenance,
         closest=closest(out, req.budget) if n == 0 else "",
     )
-    return out
 
 
 def pareto_front(

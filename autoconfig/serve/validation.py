@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from autoconfig.serve.predict import predict_frame
-from autoconfig.validation import error_stats, in_fit_set, read_reference, reference_dir
+from autoconfig.validation import error_stats, in_fit_set, read_reference, require_reference_dir
 
 SOURCE_FACTS = {
     "fastertransformer": {"flash_attention": "n"},
@@ -26,7 +26,9 @@ FIT_FRAMEWORKS = ("fastertransformer",)
 
 
 def load_inference_runs(path: Path | None = None) -> pd.DataFrame:
-    runs = read_reference(path or reference_dir() / "inference_runs.csv", SOURCE_FACTS, "framework")
+    runs = read_reference(
+        path or require_reference_dir() / "inference_runs.csv", SOURCE_FACTS, "framework"
+    )
     runs["fit_set"] = runs["run_id"].map(in_fit_set) & runs["framework"].isin(FIT_FRAMEWORKS)
     return runs
 

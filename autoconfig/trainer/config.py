@@ -6,23 +6,23 @@ one line naming the field (`UserError`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
-from autoconfig import catalog
+from autoconfig import catalog, layout
 from autoconfig.errors import UserError, pydantic_message
+from autoconfig.layout import Layout
 from autoconfig.specs import ModelSpec
+from autoconfig.vocab import ZeroStage
 
-TrainRecompute = Literal["none", "selective", "full", "op"]
 
-
-class TrainConfig(BaseModel):
-    """One trainer run. `model` is a catalog name, a config.json path, or a full spec."""
-
-    model_config = ConfigDict(extra="forbid")
+class TrainConfig(Layout):
+    """One trainer run: a layout (every dimension of autoconfig.layout, with its defaults) and
+    what the trainer needs besides. `model` is a catalog name, a config.json path, or a full
+    spec."""
 
     model: str | ModelSpec
     task: Literal["train", "generate"] = Field(
@@ -32,20 +32,12 @@ class TrainConfig(BaseModel):
     output_len: int | None = Field(default=None, gt=0, description="generate: tokens out")
     layers: int | None = Field(default=None, gt=0, description="keep only this many layers")
     seq_len: int | None = Field(default=None, gt=0)
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    vp: int = Field(default=1, gt=0)
-    dp: int | None = Field(default=None, gt=0, description="default: world / (tp*pp*cp)")
-    cp: int = Field(default=1, gt=0)
-    ep: int = Field(default=1, gt=0)
-    sp: bool = False
-    mbs: int = Field(default=1, gt=0)
     gbs: int | None = Field(default=None, gt=0, description="default: dp*mbs*pp")
-    recompute: TrainRecompute = "none"
-    recompute_layers: int | None = Field(
-        default=None, ge=0, description="layers per stage fully recomputed (full; default all)"
+    zero: ZeroStage = Field(
+        default=ZeroStage.NONE,
+        description="the trainer runs plain data parallelism unless asked: its ZeRO-1 does not "
+        "yet combine with tensor parallelism",
     )
-    zero: int = Field(default=0, ge=0, le=3)
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
         description="auto: bf16 on GPU, fp32 on CPU. bf16 on GPU is autocast with fp32 master "
@@ -75,6 +67,18 @@ class TrainConfig(BaseModel):
         "'alloc@R' (a real allocation past memory_limit_gb), 'crash@R' or 'sleep@R' (hang)",
     )
     timeout_s: float = Field(default=300.0, gt=0, description="collective timeout per rank")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_parallel(cls, data: Any) -> Any:
+        """dp from the world size when not given (one replica without either)."""
+        if isinstance(data, dict) and data.get("dp") is None:
+            data = {k: v for k, v in data.items() if k != "dp"}
+            world = data.get("world_size")
+            if world:
+                split = int(data.get("tp", 1)) * int(data.get("pp", 1)) * int(data.get("cp", 1))
+                data["dp"] = max(int(world) // max(split, 1), 1)
+        return data
 
     def spec(self) -> ModelSpec:
         """The model as trained: the catalog spec with `layers` / `seq_len` overrides."""
@@ -108,11 +112,7 @@ class TrainConfig(BaseModel):
 
     @property
     def resolved_dp(self) -> int:
-        if self.dp is not None:
-            return self.dp
-        if self.world_size is not None:
-            return max(self.world_size // (self.tp * self.pp * self.cp), 1)
-        return 1
+        return self.dp
 
     @property
     def world(self) -> int:
@@ -134,6 +134,20 @@ class TrainConfig(BaseModel):
         spec = self.spec()
         tp = 1 if self.slice else self.tp
         dp = self.resolved_dp
+        shared = layout.first_broken(
+            {
+                **layout.columns(layout.frame_of(self.model_dump())),
+                "heads": spec.heads,
+                "kv_heads": spec.kv,
+                "layers": spec.layers,
+                "experts": spec.num_experts,
+                "num_gpus": self.tp * self.pp * dp * self.cp,
+                "gbs": self.global_batch,
+                "seq": self.seq(spec),
+            }
+        )
+        if shared:  # what makes the layout impossible anywhere (autoconfig.layout)
+            raise UserError(shared)
         rules = [
             (
                 self.world_size is not None
@@ -195,7 +209,6 @@ class TrainConfig(BaseModel):
                 "zero: ZeRO-1 (DDP + ZeroRedundancyOptimizer) cannot shard DTensor (tp > 1) "
                 "parameters; use zero 0, 2 or 3 with tp > 1",
             ),
-            (self.zero > 0 and dp == 1, "zero: ZeRO sharding needs dp > 1"),
             (
                 self.recompute == "op",
                 "recompute: op-level selective checkpointing is not in the bundled trainer yet; "
@@ -203,8 +216,7 @@ class TrainConfig(BaseModel):
             ),
             (self.slice and self.pp > 1, "pp: slice mode runs one device; use pp 1"),
             (
-                self.recompute_layers is not None
-                and self.recompute_layers > spec.layers // self.pp,
+                self.recompute_layers > spec.layers // self.pp,
                 f"recompute_layers: at most {spec.layers // self.pp} layers per stage",
             ),
             (self.warmup >= self.steps, f"warmup: {self.warmup} must be below steps {self.steps}"),
@@ -257,21 +269,16 @@ def make_config(**fields: object) -> TrainConfig:
 
 
 def config_from_search_row(
-    row: pd.Series | dict, model: str | ModelSpec, *, seq_len: int, gbs: int, **overrides: object
+    row: Mapping[str, Any], model: str | ModelSpec, *, seq_len: int, gbs: int, **overrides: object
 ) -> TrainConfig:
-    """The trainer configuration for one row of `autoconfig.search`'s results, so the measured
-    search can launch any ranked candidate. `overrides` (steps, layers, device, ...) win."""
-    r = dict(row)
-    recompute = str(r.get("recompute", "none"))
+    """The trainer configuration for one row of the search's results (every layout
+    dimension), so the measured search can launch any ranked candidate. `overrides` (steps,
+    layers, device, ...) win."""
     fields: dict[str, object] = {
         "model": model,
         "seq_len": seq_len,
         "gbs": gbs,
-        **{k: int(r[k]) for k in ("tp", "pp", "vp", "dp", "cp", "ep", "mbs", "zero") if k in r},
-        "sp": bool(r.get("sp", False)),
-        "recompute": recompute,
+        **layout.plain(row),
     }
-    if recompute == "full" and "recompute_layers" in r:
-        fields["recompute_layers"] = int(r["recompute_layers"])
     fields.update(overrides)
     return make_config(**fields)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from pathlib import Path
 from typing import Literal
@@ -66,15 +64,6 @@ class RunMetrics(BaseModel):
     predicted: dict | None = Field(
         default=None, description="the cost model's figures for the same configuration"
     )
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write-then-rename, so a killed run never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
 
 
 def read_metrics(path: Path) -> RunMetrics:

@@ -79,7 +79,7 @@ def apply_recompute(model: Transformer, cfg: TrainConfig) -> None:
     selective: the attention core is recomputed (Megatron-LM's selective recompute)."""
     blocks = list(model.layers.values())
     if cfg.recompute == "full":
-        k = len(blocks) if cfg.recompute_layers is None else min(cfg.recompute_layers, len(blocks))
+        k = min(cfg.recompute_layers or len(blocks), len(blocks))  # 0: every layer
         for block in blocks[:k]:
             block.recompute = True
     elif cfg.recompute == "selective":

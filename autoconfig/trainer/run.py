@@ -19,7 +19,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from autoconfig.errors import UserError
+from autoconfig.fileio import write_json
 from autoconfig.trainer import ops
+from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.metrics import (
     EXIT_ERROR,
@@ -27,7 +29,6 @@ from autoconfig.trainer.metrics import (
     EXIT_OOM,
     Environment,
     RankMemory,
-    write_json_atomic,
 )
 from autoconfig.trainer.model import Transformer
 from autoconfig.trainer.parallel import (
@@ -331,13 +332,11 @@ def train(cfg: TrainConfig, out: Path) -> int:
             result.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500], trace=tail)
             code = EXIT_ERROR
     result["environment"] = environment(world).model_dump()
-    write_json_atomic(out / f"rank{rank}.json", result)
+    write_json(out / f"rank{rank}.json", result)
     if started:
         if code == EXIT_OK:
             dist.barrier()
             if rank == 0:
-                from autoconfig.trainer.launch import assemble
-
                 assemble(cfg, out, world)
         dist.destroy_process_group()
     return code

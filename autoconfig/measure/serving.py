@@ -1,7 +1,7 @@
 """`autoconfig infer --measure`: the best predicted serving points generated for real with the
 bundled model, through the same Optuna study, submitit executors, failure classes and resume
-as the training trials (measure/). A trial is one replica (tp ranks) generating a static batch;
-its value is measured output tokens/s per GPU."""
+as the training trials. A trial is one replica (tp ranks) generating a static batch; its value
+is measured output tokens/s per GPU."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from autoconfig import layout
 from autoconfig.errors import UserError
 from autoconfig.measure import session
-from autoconfig.measure.candidates import DIMS, Candidates, key_of
+from autoconfig.measure.candidates import Candidates, with_grid_order
+from autoconfig.measure.result import MeasuredSearch
 from autoconfig.measure.session import MeasureOptions
-from autoconfig.report import serving
+from autoconfig.serve.result import ServingResult
 from autoconfig.specs import ModelSpec
 from autoconfig.trainer.config import TrainConfig, make_config
 
@@ -42,27 +44,21 @@ class ServeCandidates(Candidates):
 
 
 def build(
-    out: pd.DataFrame, model: str | ModelSpec, limit: int, overrides: dict[str, object]
+    result: ServingResult, model: str | ModelSpec, limit: int, overrides: dict[str, object]
 ) -> ServeCandidates:
     """The `limit` best points that meet the budget (or fit, when none does), as candidates."""
-    pool = out[out["meets"]] if out.attrs["feasible"] else out[out["pred_fits"].astype(bool)]
+    out = result.table
+    pool = out[out["meets"]] if result.feasible else out[out["pred_fits"].astype(bool)]
     pool = pool.head(limit).reset_index(drop=True)
-    a = out.attrs
+    req = result.request
     rows = []
+    replica = layout.plain(layout.Layout(zero=0).model_dump())
     for i, r in pool.iterrows():
-        params = {d: 1 for d in DIMS} | {
-            "tp": int(r["tp"]),
-            "pp": int(r["pp"]),
-            "mbs": int(r["batch_size"]),
-            "sp": False,
-            "recompute": "none",
-            "recompute_layers": 0,
-            "zero": 0,
-        }
+        params = replica | {"tp": int(r["tp"]), "pp": int(r["pp"]), "mbs": int(r["batch_size"])}
         rows.append(
             {
                 **params,
-                "key": key_of(params),
+                "key": layout.key(params),
                 "label": f"tp{params['tp']} pp{params['pp']} batch {params['mbs']}",
                 "pred_tokens_per_s_per_gpu": float(r["pred_output_tokens_per_s_per_gpu"]),
                 "pred_step_time_s": float(r["pred_latency_ms"]) / 1e3,
@@ -74,50 +70,47 @@ def build(
                 "refused": "",
             }
         )
-    table = pd.DataFrame(rows)
+    table = with_grid_order(pd.DataFrame(rows))
     cands = ServeCandidates(
         table,
         model,
-        a["input_len"] + a["output_len"],
+        req.input_len + req.output_len,
         0,
         dict(overrides),
-        input_len=a["input_len"],
-        output_len=a["output_len"],
+        input_len=req.input_len,
+        output_len=req.output_len,
     )
     for i, key in enumerate(table["key"]):
         try:
             cands.config(key)
         except UserError as exc:
             table.loc[i, "refused"] = str(exc)
-    grid = table.sort_values(list(DIMS), kind="stable").index
-    table["grid_order"] = 0
-    table.loc[grid, "grid_order"] = range(len(table))
     return cands
 
 
-def run(out: pd.DataFrame, model: str | ModelSpec, gpu: str, opts: MeasureOptions) -> int:
-    """Measure the best serving points of `out`; returns the exit code (0: something ran)."""
+def run(
+    result: ServingResult, model: str | ModelSpec, gpu: str, opts: MeasureOptions
+) -> MeasuredSearch:
+    """Measure the best serving points of a serving search."""
     settings = session.check_options(opts)
     device = session.resolve_device(opts.device)
-    cands = build(out, model, opts.candidates, session.trial_overrides(opts, device, gpu))
+    cands = build(result, model, opts.candidates, session.trial_overrides(opts, device, gpu))
     if cands.runnable().empty:
         reason = cands.table["refused"].iloc[0] if len(cands.table) else "no candidate fits"
         raise UserError(f"measure: the bundled generator can run none of the points ({reason})")
-    a = out.attrs
+    req = result.request
     fingerprint = {
         "task": "serve",
-        "model": str(a["model"]),
-        "gpus": int(a["gpus"]),
+        "model": result.model.name,
+        "gpus": int(req.gpus),
         "gpu": gpu,
-        "input_len": int(a["input_len"]),
-        "output_len": int(a["output_len"]),
+        "input_len": int(req.input_len),
+        "output_len": int(req.output_len),
     }
     trials, ranking, study = session.measure(
         cands, opts, settings, device, fingerprint, "serving points"
     )
-    trials = _with_phases(trials, study)
-    serving.write(out, opts.out, trials=trials, ranking=ranking)
-    return session.finish(opts, trials, ranking)
+    return MeasuredSearch(_with_phases(trials, study), ranking)
 
 
 def _with_phases(trials: pd.DataFrame, study) -> pd.DataFrame:

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from autoconfig import layout
 from autoconfig.cost import CostInputs, evaluate
-from autoconfig.cost.inputs import RECOMPUTE_CODES, hardware_columns, model_columns
-from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
 
 # Median error of the model on published runs it was not fitted on (docs/validation.md):
 # candidates closer than this to the best are reported as near-ties, not as losers.
@@ -27,40 +26,6 @@ TIME_PARTS = {
     "time_dp_comm_s": "exposed DP communication",
     "time_optimizer_s": "optimizer step",
 }
-
-
-def cost_inputs(
-    model: ModelSpec,
-    gpu: GPUSpec,
-    cluster: ClusterSpec,
-    precision: str,
-    layouts: pd.DataFrame,
-    gbs: int,
-    seq_len: int,
-    flash: bool = True,
-) -> CostInputs:
-    """Cost-model columns for many layouts of one model on one GPU type."""
-    cols: dict[str, object] = {**model_columns(model), **hardware_columns(gpu, cluster, precision)}
-    cols.update(
-        {
-            "dp": layouts["dp"].to_numpy(float),
-            "tp": layouts["tp"].to_numpy(float),
-            "pp": layouts["pp"].to_numpy(float),
-            "vp": layouts["vp"].to_numpy(float),
-            "cp": layouts["cp"].to_numpy(float),
-            "ep": layouts["ep"].to_numpy(float),
-            "sp": layouts["sp"].to_numpy(float),
-            "mbs": layouts["mbs"].to_numpy(float),
-            "gbs": float(gbs),
-            "seq": float(seq_len),
-            "recompute": layouts["recompute"].map(RECOMPUTE_CODES).to_numpy(float),
-            "recompute_layers": layouts["recompute_layers"].to_numpy(float),
-            "zero": layouts["zero"].to_numpy(float),
-            "fp8": float(precision == "fp8"),
-            "flash": float(flash),
-        }
-    )
-    return CostInputs.from_columns(cols)
 
 
 @dataclass(frozen=True)
@@ -87,7 +52,8 @@ def rank(layouts: pd.DataFrame, inputs: CostInputs, constraints: Constraints) ->
         pruned[mask] = reason[mask] if isinstance(reason, pd.Series) else reason
 
     for key, value in constraints.fixed.items():
-        prune(out[key].astype(str) != str(value), f"constraint: {key}={value}")
+        plain = layout.BY_NAME[key].plain(value)
+        prune(out[key] != plain, f"constraint: {key}={plain}")
     if constraints.max_tp:
         prune(out["tp"] > constraints.max_tp, f"constraint: tp > {constraints.max_tp}")
     if constraints.max_pp:
@@ -146,40 +112,13 @@ def explain_winner(ranked: pd.DataFrame) -> str:
     )
 
 
-def layout_labels(frame: pd.DataFrame) -> pd.Series:
-    """Compact layout names, e.g. 'dp16 tp8 pp8 vp2 sp', for every row at once."""
-    label = (
-        "dp"
-        + frame["dp"].astype(str)
-        + " tp"
-        + frame["tp"].astype(str)
-        + " pp"
-        + frame["pp"].astype(str)
-    )
-    for key in ("vp", "cp", "ep"):
-        extra = frame[key].astype(int) > 1
-        label = label.where(~extra, label + f" {key}" + frame[key].astype(str))
-    return label.where(~frame["sp"].astype(bool), label + " sp")
-
-
-def layout_label(row: pd.Series) -> str:
-    """Compact layout name of one row."""
-    return layout_labels(row.to_frame().T).iloc[0]
-
-
-def recompute_label(row: pd.Series) -> str:
-    if row["recompute"] != "full":
-        return str(row["recompute"])
-    return f"full {row['recompute_layers']}/stage"
-
-
 def top_row(row: pd.Series) -> dict[str, str]:
     """The cells every view of the ranking shows for one configuration."""
     return {
         "#": str(row["rank"]),
-        "layout": layout_label(row),
+        "layout": layout.label(row),
         "mbs": str(row["mbs"]),
-        "recompute": recompute_label(row),
+        "recompute": layout.recompute_label(row),
         "zero": str(row["zero"]),
         "tokens/s/GPU": f"{row['pred_tokens_per_s_per_gpu']:,.0f}",
         "MFU": f"{100 * row['pred_mfu']:.1f}%",

@@ -5,30 +5,33 @@ from __future__ import annotations
 
 import pandas as pd
 
+from autoconfig import layout
+from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import evaluate
-from autoconfig.rank import cost_inputs, layout_label
-from autoconfig.space import LAYOUT_COLUMNS
+from autoconfig.training.result import SearchRequest
+from autoconfig.vocab import Recompute, ZeroStage
 
 
-def closest_fix(
-    ranked: pd.DataFrame, model, gpu, cluster, precision: str, gbs: int, seq_len: int, flash: bool
-) -> list[str]:
+def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
     """Lines describing the closest memory-pruned candidate and the changes that fit it."""
-    mem = ranked[ranked["pruned"].str.startswith("memory")]
+    mem = table[table["pruned"].str.startswith("memory")]
     if mem.empty:
         return []
     ratio = mem["pred_peak_mem_gb"] / mem["mem_limit_gb"]
     best = mem.loc[ratio.idxmin()]
     lines = [
-        f"closest: {layout_label(best)} mbs {best['mbs']} recompute {best['recompute']} "
+        f"closest: {layout.label(best)} mbs {best['mbs']} recompute {best['recompute']} "
         f"zero {best['zero']} needs {best['pred_peak_mem_gb']:.1f} GiB per GPU, "
         f"limit {best['mem_limit_gb']:.1f} GiB"
     ]
-    per_stage = max(model.layers // int(best["pp"]), 1)
+    per_stage = max(request.model.layers // int(best["pp"]), 1)
     changes = {
-        "ZeRO-3 (shard weights, gradients and optimizer)": {"zero": 3},
+        "ZeRO-3 (shard weights, gradients and optimizer)": {"zero": ZeroStage.WEIGHTS},
         "ZeRO-1 (distributed optimizer)": {"zero": max(int(best["zero"]), 1)},
-        "full activation recompute": {"recompute": "full", "recompute_layers": per_stage},
+        "full activation recompute": {
+            "recompute": Recompute.FULL.value,
+            "recompute_layers": per_stage,
+        },
         "micro-batch 1": {"mbs": 1},
     }
     rows = []
@@ -37,18 +40,19 @@ def closest_fix(
             continue
         if change.get("zero", 0) > 0 and int(best["dp"]) * int(best["cp"]) == 1:
             continue
-        rows.append(
-            (
-                label,
-                {
-                    **best[list(LAYOUT_COLUMNS)].to_dict(),
-                    **change,
-                },
-            )
-        )
+        rows.append((label, {**layout.plain(best), **change}))
     if rows:
-        layouts = pd.DataFrame([r for _, r in rows])
-        out = evaluate(cost_inputs(model, gpu, cluster, precision, layouts, gbs, seq_len, flash))
+        layouts = layout.frame_of([r for _, r in rows])
+        r = request
+        inputs = training_inputs(
+            r.model,
+            Hardware(r.gpu, r.cluster, r.precision),
+            layouts,
+            r.gbs,
+            r.seq_len,
+            Behaviour(flash_attention=float(r.flash_attention)),
+        )
+        out = evaluate(inputs)
         for i, (label, _) in enumerate(rows):
             peak = float(out["pred_peak_mem_gb"][i])
             verdict = "fits" if peak <= best["mem_limit_gb"] else "still too big"

@@ -1,0 +1,5 @@
+"""`python -m autoconfig.cli`: the same as the `autoconfig` command."""
+
+from autoconfig.cli import main
+
+main()

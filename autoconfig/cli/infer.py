@@ -1,0 +1,146 @@
+"""`autoconfig infer`: rank every way to serve a model on N GPUs within latency and throughput
+budgets, or predict every row of a CSV of serving points; with --measure, generate the best
+points with the bundled model."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from autoconfig import api
+from autoconfig.cli.app import app
+from autoconfig.cli.options import MEASURE, SERVE, measure_options, on_cpu, read_csv
+from autoconfig.errors import UserError
+from autoconfig.report import files, serving, terminal
+from autoconfig.serve.result import ServingResult
+
+if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
+    from autoconfig.measure.session import MeasureOptions
+
+from autoconfig.vocab import (
+    Device,
+    Executor,
+    KvPrecision,
+    Objective,
+    Sampler,
+    ServePrecision,
+)
+
+
+@app.command()
+def infer(
+    model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
+    gpu: str = typer.Option(
+        None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
+    ),
+    gpus: int = typer.Option(None, help="GPUs of the deployment (with --measure: the most ranks)"),
+    input_len: int = typer.Option(None, help="prompt tokens per request"),
+    output_len: int = typer.Option(None, help="generated tokens per request"),
+    max_ttft_ms: float = typer.Option(None, help="time to first token, ms", rich_help_panel=SERVE),
+    max_tpot_ms: float = typer.Option(
+        None, help="time per output token, ms", rich_help_panel=SERVE
+    ),
+    max_latency_ms: float = typer.Option(
+        None, help="end-to-end latency of a request, ms", rich_help_panel=SERVE
+    ),
+    min_throughput: float = typer.Option(
+        None, help="output tokens/s of the whole deployment", rich_help_panel=SERVE
+    ),
+    objective: Objective = typer.Option(
+        Objective.THROUGHPUT, help="throughput per GPU, or end-to-end latency"
+    ),
+    precision: ServePrecision = typer.Option(
+        None, help="weights: bf16, fp16, fp8, int8 (weight-only), fp32 (default bf16; fp32 on CPU)"
+    ),
+    kv_precision: KvPrecision = typer.Option(KvPrecision.AUTO, help="K/V cache elements"),
+    max_batch: int = typer.Option(1024, help="largest static batch tried"),
+    batch: list[int] = typer.Option(None, help="try exactly these batch sizes (repeatable)"),
+    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    allow_tp_across_nodes: bool = typer.Option(False, help="let a TP group span nodes"),
+    top: int = typer.Option(15, help="rows to show"),
+    out: Path = typer.Option(None, help="folder for results.csv, best.json, report.html"),
+    runs: Path = typer.Option(None, help="CSV of serving points (inference_runs.csv columns)"),
+    measure: bool = typer.Option(False, help="generate with the bundled model to measure"),
+    trials: int = typer.Option(4, help="finished trials to run", rich_help_panel=MEASURE),
+    sampler: Sampler = typer.Option(Sampler.MODEL, rich_help_panel=MEASURE),
+    enqueue_top: int = typer.Option(3, rich_help_panel=MEASURE),
+    candidates: int = typer.Option(50, rich_help_panel=MEASURE),
+    executor: Executor = typer.Option(Executor.LOCAL, rich_help_panel=MEASURE),
+    device: Device = typer.Option(Device.AUTO, rich_help_panel=MEASURE),
+    parallel: int = typer.Option(1, rich_help_panel=MEASURE),
+    steps: int = typer.Option(4, help="generations per trial", rich_help_panel=MEASURE),
+    warmup: int = typer.Option(1, help="generations left out", rich_help_panel=MEASURE),
+    trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE),
+    budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE),
+    trial_memory_gb: float = typer.Option(None, rich_help_panel=MEASURE),
+    storage: str = typer.Option(None, rich_help_panel=MEASURE),
+    resume: bool = typer.Option(False, rich_help_panel=MEASURE),
+    seed: int = typer.Option(0, rich_help_panel=MEASURE),
+    slurm_partition: str = typer.Option(None, rich_help_panel=MEASURE),
+    slurm_account: str = typer.Option(None, rich_help_panel=MEASURE),
+    slurm_option: list[str] = typer.Option(None, rich_help_panel=MEASURE),
+) -> None:
+    """Rank every (tp, pp, batch, replicas) way to serve a model on N GPUs by predicted output
+    tokens/s per GPU within TTFT / TPOT / latency budgets; with --measure, generate the best
+    points with the bundled model and time them."""
+    if runs is not None:
+        files.write_batch(api.infer_frame(read_csv(runs)), out)
+        return
+    for name, value in (
+        ("model", model),
+        ("gpus", gpus),
+        ("input-len", input_len),
+        ("output-len", output_len),
+    ):
+        if value is None:
+            raise UserError(f"{name}: required (or give --runs CSV)")
+    cpu = on_cpu(measure, device)
+    gpu = gpu or ("cpu-gloo" if cpu else "h100-sxm-80gb")
+    weights = precision.value if precision else ("fp32" if cpu else "bf16")
+    if measure and out is None:
+        if resume:
+            raise UserError("out: --resume needs the --out folder of the search to continue")
+        out = Path("runs") / time.strftime("infer-%Y%m%d-%H%M%S")
+    result = api.infer(
+        model,
+        gpu,
+        gpus,
+        input_len=input_len,
+        output_len=output_len,
+        max_ttft_ms=max_ttft_ms,
+        max_tpot_ms=max_tpot_ms,
+        max_latency_ms=max_latency_ms,
+        min_throughput=min_throughput,
+        objective=objective.value,
+        precision=weights,
+        kv_precision=kv_precision.value,
+        max_batch=max_batch,
+        batches=tuple(batch) if batch else None,
+        gpus_per_node=gpus_per_node,
+        allow_tp_across_nodes=allow_tp_across_nodes,
+    )
+    terminal.print_view(serving.terminal_view(result, top))
+    if measure:
+        raise typer.Exit(_measure(result, model, gpu, measure_options(locals(), cpu)))
+    if out is not None:
+        serving.write(result, out)
+        print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
+    if not result.feasible:
+        sys.exit(1)
+
+
+def _measure(result: ServingResult, model: str, gpu: str, opts: MeasureOptions) -> int:
+    """The measured serving trials and their report; the exit code (0: something ran)."""
+    # optuna and submitit take about a second to import: only a measured search pays for them.
+    from autoconfig.measure import serving as measured_serving
+    from autoconfig.report.measured import measured_view
+
+    measured = measured_serving.run(result, model, gpu, opts)
+    serving.write(result, opts.out, measured)
+    terminal.print_view(measured_view(measured, 10))
+    print(f"wrote {opts.out}/trials.csv, measured.csv and report.html", file=sys.stderr)
+    return 0 if measured.any_ok else 1

@@ -1,0 +1,76 @@
+"""`autoconfig train`: run the bundled trainer on this machine's ranks for a few steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from autoconfig.cli.app import app
+from autoconfig.vocab import Device, Recompute
+
+
+@app.command()
+def train(
+    model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
+    config: Path = typer.Option(None, help="a trainer configuration JSON instead of flags"),
+    layers: int = typer.Option(None, help="keep only this many layers"),
+    seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
+    tp: int = typer.Option(1),
+    pp: int = typer.Option(1),
+    vp: int = typer.Option(1, help="virtual stages per pipeline rank (interleaved 1F1B)"),
+    dp: int = typer.Option(None, help="default: nproc / (tp*pp*cp)"),
+    cp: int = typer.Option(1, help="context parallel degree"),
+    ep: int = typer.Option(1, help="expert parallel degree"),
+    sp: bool = typer.Option(False, help="sequence parallelism (with tp > 1)"),
+    mbs: int = typer.Option(1, help="micro-batch size"),
+    gbs: int = typer.Option(None, help="global batch (default dp*mbs, x pp with pipelining)"),
+    recompute: Recompute = typer.Option(Recompute.NONE),
+    recompute_layers: int = typer.Option(None, help="with full: layers per stage recomputed"),
+    zero: int = typer.Option(0, help="0 DDP, 1 +sharded optimizer, 2/3 FSDP2"),
+    precision: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp32"),
+    device: Device = typer.Option(Device.AUTO),
+    steps: int = typer.Option(10),
+    warmup: int = typer.Option(2, help="steps left out of the median step time"),
+    seed: int = typer.Option(1234),
+    compile: bool = typer.Option(False, help="torch.compile each layer"),
+    slice: bool = typer.Option(False, help="one device with the per-rank shapes of --tp"),
+    gpu: str = typer.Option(None, help="GPU profile for MFU (default: detected)"),
+    nproc: int = typer.Option(None, help="local ranks to spawn (default tp*pp*dp)"),
+    out: Path = typer.Option(None, help="run folder (default runs/train-<time>)"),
+) -> None:
+    """Run the bundled trainer for a few steps and write metrics.json."""
+    # torch takes seconds to import: only `train` pays for it.
+    from autoconfig.trainer import cli_train
+
+    code = cli_train.run(
+        config=config,
+        fields={
+            "model": model,
+            "layers": layers,
+            "seq_len": seq_len,
+            "tp": tp,
+            "pp": pp,
+            "vp": vp,
+            "dp": dp,
+            "cp": cp,
+            "ep": ep,
+            "sp": sp,
+            "mbs": mbs,
+            "gbs": gbs,
+            "recompute": recompute.value,
+            "recompute_layers": recompute_layers,
+            "zero": zero,
+            "precision": precision,
+            "device": device.value,
+            "steps": steps,
+            "warmup": warmup,
+            "seed": seed,
+            "compile": compile,
+            "slice": slice,
+            "gpu": gpu,
+        },
+        nproc=nproc,
+        out=out,
+    )
+    raise typer.Exit(code)

@@ -1,0 +1,52 @@
+"""What a serving search found: the ranked table of deployments and its context as typed
+fields (the request, how many meet the budget, whose constants, the closest miss)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from autoconfig.serve.request import Request
+from autoconfig.specs import GPUSpec, ModelSpec
+
+
+@dataclass
+class ServingResult:
+    request: Request
+    model: ModelSpec
+    gpu: GPUSpec
+    table: pd.DataFrame  # every candidate: those that meet the budget first, best first
+    feasible: int  # candidates that fit and meet the budget
+    constants: str  # provenance of the serving constants used
+    closest: str = ""  # when none meets the budget: the nearest miss and by how much
+
+    @property
+    def candidates(self) -> int:
+        return len(self.table)
+
+    @property
+    def budget(self) -> dict[str, float]:
+        return {label: limit for _, label, limit, _ in self.request.budget.limits()}
+
+    @property
+    def best(self) -> pd.Series | None:
+        return self.table.iloc[0] if self.feasible else None
+
+    def context(self) -> dict[str, object]:
+        r = self.request
+        return {
+            "model": self.model.name,
+            "gpu": self.gpu.name,
+            "gpus": r.gpus,
+            "input_len": r.input_len,
+            "output_len": r.output_len,
+            "precision": str(r.precision),
+            "kv_precision": str(r.kv_precision),
+            "objective": r.objective,
+            "budget": self.budget,
+            "candidates": self.candidates,
+            "feasible": self.feasible,
+            "constants": self.constants,
+            "closest": self.closest,
+        }

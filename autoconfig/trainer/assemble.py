@@ -1,0 +1,91 @@
+"""metrics.json from the ranks' own result files (a rank that wrote none counts as crashed),
+with the cost model's prediction for the same configuration beside what was measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autoconfig import catalog
+from autoconfig.fileio import write_json
+from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.metrics import RankMemory, RunMetrics, median_after_warmup
+from autoconfig.trainer.prediction import predicted
+
+GPU_PROFILES = (  # substring of torch.cuda.get_device_name -> GPU profile
+    ("H200", "h200-sxm-141gb"),
+    ("H100", "h100-sxm-80gb"),
+    ("A100-SXM4-40GB", "a100-sxm-40gb"),
+    ("A100", "a100-sxm-80gb"),
+    ("B200", "b200-180gb"),
+)
+
+
+def gpu_profile(cfg: TrainConfig, device_names: list[str], device_type: str) -> str | None:
+    if cfg.gpu:
+        return cfg.gpu
+    if device_type != "cuda" or not device_names:
+        return None
+    for key, profile in GPU_PROFILES:
+        if key in device_names[0]:
+            return profile
+    return None
+
+
+def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunMetrics:
+    """metrics.json from the ranks' rank{r}.json files (missing ranks count as crashed)."""
+    ranks = []
+    for r in range(world):
+        path = out / f"rank{r}.json"
+        ranks.append(json.loads(path.read_text()) if path.exists() else None)
+    statuses = [r["status"] if r else "error" for r in ranks]
+    if "oom" in statuses:
+        status = "oom"
+    elif all(s == "ok" for s in statuses) and not failure:
+        status = "ok"
+    else:
+        status = "error"
+    said = [f"rank {i}: {r['message']}" for i, r in enumerate(ranks) if r and r["message"]]
+    messages = list(said)
+    missing = [str(i) for i, r in enumerate(ranks) if r is None]
+    if missing:
+        messages.append(f"ranks {', '.join(missing)} wrote no result (killed or crashed)")
+    if failure and not said:  # the launcher's exit codes, when no rank said why
+        messages.append(failure)
+    first = next((r for r in ranks if r), None)
+    env = first.get("environment") if first else None
+    profile = gpu_profile(cfg, env["device_names"], env["device_type"]) if env else None
+    metrics = RunMetrics(
+        status=status,
+        message="; ".join(messages)[:2000],
+        config=cfg.model_dump(mode="json"),
+        environment=env,
+        gpu_profile=profile,
+        predicted=predicted(cfg, profile),
+    )
+    if status == "ok":
+        times = ranks[0]["step_times_s"]
+        median = median_after_warmup(times, cfg.warmup)
+        # Generation counts output tokens of the batch; training the tokens of a step.
+        generate = cfg.task == "generate"
+        tokens = cfg.mbs * (cfg.output_len or 0) if generate else cfg.global_batch * cfg.seq()
+        if generate:
+            metrics.ttft_ms = ranks[0]["ttft_ms"]
+            metrics.tpot_ms = ranks[0]["tpot_ms"]
+        metrics.step_times_s = times
+        metrics.median_step_time_s = median
+        metrics.tokens_per_step = tokens
+        metrics.tokens_per_s_per_gpu = tokens / median / world
+        metrics.losses = ranks[0].get("losses", [])
+        metrics.memory = [RankMemory(**r["memory"]) for r in ranks]
+        pred = metrics.predicted or {}
+        if "pred_model_tflops_per_gpu" in pred and not cfg.slice and not generate:
+            # Model FLOPs per GPU per step from the cost model's count (no recompute).
+            flops = pred["pred_model_tflops_per_gpu"] * pred["pred_step_time_s"] * 1e12
+            metrics.model_tflops_per_gpu = flops / median / 1e12
+            if profile:
+                peak = catalog.get_gpu(profile).peak("bf16")
+                metrics.mfu = metrics.model_tflops_per_gpu / peak
+        metrics.slice_layer = ranks[0].get("slice_layer")
+    write_json(out / "metrics.json", metrics.model_dump(mode="json"))
+    return metrics

@@ -1,0 +1,75 @@
+"""What a training search was asked (SearchRequest, every default resolved) and what it found
+(SearchResult): the ranked table plus the counts, the winner's explanation and the advice, as
+typed fields instead of loose keys beside the table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec, SearchSpace
+from autoconfig.training.rank import Constraints
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    model: ModelSpec
+    gpu: GPUSpec
+    cluster: ClusterSpec
+    gpus: int
+    seq_len: int
+    gbs: int
+    gbs_chosen: bool  # True when autoconfig picked the batch (no --gbs)
+    precision: str
+    space: SearchSpace
+    constraints: Constraints
+    flash_attention: bool = True
+
+
+@dataclass
+class SearchResult:
+    request: SearchRequest
+    table: pd.DataFrame  # every evaluated layout: feasible first (best first), then the pruned
+    enumerated: int
+    dropped: dict[str, int]  # combinations each divisibility rule removed
+    pruned: dict[str, int]  # evaluated layouts each pruning reason removed
+    explanation: str = ""  # why #1 beats #2
+    advice: list[str] = field(default_factory=list)  # when nothing fits: what would
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.table)
+
+    @property
+    def feasible(self) -> int:
+        return int((self.table["pruned"] == "").sum())
+
+    @property
+    def ranked(self) -> pd.DataFrame:
+        """The feasible layouts, best first."""
+        return self.table[self.table["pruned"] == ""]
+
+    @property
+    def best(self) -> pd.Series | None:
+        return self.table.iloc[0] if self.feasible else None
+
+    def context(self) -> dict[str, object]:
+        """The inputs and counts, as plain values (best.json, reports)."""
+        r = self.request
+        return {
+            "model": r.model.name,
+            "gpu": r.gpu.name,
+            "gpus": r.gpus,
+            "seq_len": r.seq_len,
+            "gbs": r.gbs,
+            "gbs_chosen": r.gbs_chosen,
+            "precision": str(r.precision),
+            "layers": r.model.layers,
+            "enumerated": self.enumerated,
+            "dropped": self.dropped,
+            "evaluated": self.evaluated,
+            "feasible": self.feasible,
+            "pruned": self.pruned,
+            "explanation": self.explanation,
+        }

@@ -1,0 +1,148 @@
+"""The training search from a request to a result: check and resolve the inputs, enumerate,
+evaluate and rank every layout, explain the winner, and when nothing fits say what would."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from autoconfig import catalog, layout
+from autoconfig.columns import Behaviour, Hardware, training_inputs
+from autoconfig.errors import UserError
+from autoconfig.specs import ModelSpec, SearchSpace
+from autoconfig.training.advice import closest_fix
+from autoconfig.training.rank import Constraints, explain_winner, rank
+from autoconfig.training.result import SearchRequest, SearchResult
+from autoconfig.training.space import enumerate_candidates, load_space
+from autoconfig.vocab import Precision
+
+
+def default_gbs(model: ModelSpec, seq_len: int, gpus: int) -> int:
+    """A batch of about 4M tokens for large models (2M under 20B parameters), in a power of two
+    of sequences, the order of batch the GPT-3 and Llama 3 papers trained with."""
+    tokens = 4 * 2**20 if model.param_count() >= 20e9 else 2 * 2**20
+    gbs = 2 ** max(0, round(np.log2(tokens / seq_len)))
+    while gbs * 8 < gpus:  # room for data parallelism on very large clusters (Llama 3 405B
+        gbs *= 2  # trained with 16M-token batches on 16K GPUs)
+    return int(gbs)
+
+
+def make_request(
+    model: str | ModelSpec,
+    gpus: int,
+    gpu: str = "h100-sxm-80gb",
+    *,
+    seq_len: int | None = None,
+    gbs: int | None = None,
+    precision: str = "bf16",
+    space: SearchSpace | str | Path | None = None,
+    fix: dict[str, object] | None = None,
+    max_tp: int | None = None,
+    max_pp: int | None = None,
+    min_dp: int | None = None,
+    max_memory_gb: float | None = None,
+    memory_headroom: float = 0.0,
+    gpus_per_node: int | None = None,
+    flash_attention: bool = True,
+) -> SearchRequest:
+    """The request with every default resolved; bad input is one UserError line."""
+    spec = catalog.get_model(model) if isinstance(model, str) else model
+    gpu_spec = catalog.get_gpu(gpu)
+    if gpus < 1:
+        raise UserError(f"gpus: must be a positive integer (got {gpus})")
+    if not 0 <= memory_headroom < 1:
+        raise UserError(f"memory-headroom: must be a fraction in [0, 1) (got {memory_headroom})")
+    precision = Precision.parse(precision, "precision").value
+    if not gpu_spec.supports(precision):
+        raise UserError(f"precision: {gpu_spec.name} has no {precision} tensor cores")
+    cluster = catalog.cluster_for(gpu_spec, gpus_per_node)
+    seq = seq_len or spec.seq_len
+    if spec.max_seq_len and seq > spec.max_seq_len:
+        raise UserError(f"seq-len: {seq} exceeds {spec.name}'s context of {spec.max_seq_len}")
+    batch = gbs if gbs is not None else default_gbs(spec, seq, gpus)
+    if batch < 1:
+        raise UserError(f"gbs: must be a positive integer (got {batch})")
+    space_spec = space if isinstance(space, SearchSpace) else load_space(space)
+    fixed: dict[str, object] = {}
+    for key, value in (fix or {}).items():
+        if key not in layout.BY_NAME:
+            allowed = ", ".join(layout.NAMES)
+            raise UserError(f"fix: unknown dimension '{key}' (allowed: {allowed})")
+        fixed[key] = layout.BY_NAME[key].parse(value, "fix: ")
+    if max_tp is not None and min(space_spec.tp) > max_tp:
+        raise UserError(f"max-tp: {max_tp} is below every tp in the space {space_spec.tp}")
+    if "tp" in fixed and max_tp is not None and int(fixed["tp"]) > max_tp:
+        raise UserError(f"fix: tp={fixed['tp']} contradicts --max-tp {max_tp}")
+    if "pp" in fixed and max_pp is not None and int(fixed["pp"]) > max_pp:
+        raise UserError(f"fix: pp={fixed['pp']} contradicts --max-pp {max_pp}")
+    return SearchRequest(
+        model=spec,
+        gpu=gpu_spec,
+        cluster=cluster,
+        gpus=gpus,
+        seq_len=seq,
+        gbs=batch,
+        gbs_chosen=gbs is None,
+        precision=precision,
+        space=space_spec,
+        constraints=Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gb, memory_headroom),
+        flash_attention=flash_attention,
+    )
+
+
+def evaluate_all(req: SearchRequest) -> SearchResult:
+    """Enumerate, evaluate and rank; raises UserError when no layout uses the GPUs."""
+    cands = enumerate_candidates(
+        req.model, req.gpus, req.gbs, req.seq_len, req.space, req.cluster.gpus_per_node
+    )
+    if cands.table.empty:
+        reasons = ", ".join(f"{k} ({v})" for k, v in cands.dropped.items())
+        raise UserError(
+            f"gpus: no layout of {req.model.name} uses {req.gpus} GPUs with gbs {req.gbs} "
+            f"(dropped: {reasons})"
+        )
+    inputs = training_inputs(
+        req.model,
+        Hardware(req.gpu, req.cluster, req.precision),
+        cands.table,
+        req.gbs,
+        req.seq_len,
+        Behaviour(flash_attention=float(req.flash_attention)),
+    )
+    with np.errstate(all="ignore"):
+        table = rank(cands.table, inputs, req.constraints)
+    pruned = table.loc[table["pruned"] != "", "pruned"].str.split(":").str[0].value_counts()
+    return SearchResult(
+        request=req,
+        table=table,
+        enumerated=cands.enumerated,
+        dropped=cands.dropped,
+        pruned=pruned.to_dict(),
+        explanation=explain_winner(table),
+    )
+
+
+def run(req: SearchRequest) -> SearchResult:
+    """The search; when nothing fits, advice on the closest layout and on more GPUs."""
+    result = evaluate_all(req)
+    if result.feasible:
+        return result
+    advice = closest_fix(result.table, req)
+    for factor in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        more = req.gpus * factor
+        batch = req.gbs if not req.gbs_chosen else default_gbs(req.model, req.seq_len, more)
+        try:
+            bigger = evaluate_all(replace(req, gpus=more, gbs=batch))
+        except UserError:
+            continue
+        if bigger.feasible:
+            top = bigger.table.iloc[0]
+            advice.append(
+                f"  with {more} GPUs (gbs {batch}): {layout.label(top)} "
+                f"fits at {top['pred_peak_mem_gb']:.1f} GiB"
+            )
+            break
+    result.advice = advice
+    return result
