@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from autoconfig import resources
 from autoconfig.serve import validation as v
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -37,7 +38,7 @@ def main() -> None:
     fitted = int(runs["fit_set"].sum())
     everything = table[table["group"] == "ALL"].iloc[0]
     DOCS.mkdir(exist_ok=True)
-    (DOCS / "inference_accuracy.json").write_text(
+    resources.asset_path("inference_accuracy.json").write_text(
         json.dumps(
             {
                 "rows": int(everything["rows"]),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from autoconfig import resources
 from autoconfig import validation as v
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
@@ -109,7 +110,7 @@ def main() -> None:
         & out["gpu"].isin(v.MAIN_GPUS)
     ]
     other = sixteen[sixteen["source_group"] != "Ultra-Scale Playbook"]
-    (DOC.parent / "accuracy.json").write_text(
+    resources.asset_path("accuracy.json").write_text(
         json.dumps(
             {
                 "rows": len(sixteen),

@@ -51,6 +51,17 @@ def inputs():
     return make_inputs
 
 
+@pytest.fixture
+def reference():
+    """The published measurements, or a skip saying they are not beside this checkout."""
+    from autoconfig.validation import reference_dir
+
+    found = reference_dir()
+    if found is None:
+        pytest.skip("the published measurements (../shared/reference) are not beside the checkout")
+    return found
+
+
 def _slurm_up() -> str | None:
     """Why SLURM cannot be used here, or None when sinfo sees an idle node."""
     if shutil.which("sbatch") is None:

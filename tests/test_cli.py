@@ -105,8 +105,8 @@ def test_hf_config_json(tmp_path: Path) -> None:
     assert_user_error(run("estimate", "--model", str(path), "--gpus", "8"), "num_hidden_layers")
 
 
-def test_batch_estimate_keeps_going_past_bad_rows(tmp_path: Path) -> None:
-    ref = validation.load_training_runs()
+def test_batch_estimate_keeps_going_past_bad_rows(tmp_path: Path, reference: Path) -> None:
+    ref = validation.load_training_runs(reference / "training_runs.csv")
     rows = ref[ref["source_group"].isin(["Megatron-LM 2021 Table 1 (A100)", "BLOOM"])].copy()
     rows = rows.drop(columns=["fit_set"]).reset_index(drop=True)
     rows.loc[0, "tp"] = "3"  # does not divide heads

@@ -13,7 +13,6 @@ from conftest import run_cli as run
 
 from autoconfig import api
 from autoconfig.errors import UserError
-from autoconfig.validation import reference_dir
 
 LLAMA = dict(model="llama2-70b", gpu="h100-sxm-80gb", gpus=8, input_len=2048, output_len=256)
 
@@ -123,11 +122,8 @@ def test_min_gpus_message_counts_the_smallest_split() -> None:
         api.infer("gpt3-175b", "a100-sxm-80gb", 2, input_len=60, output_len=20)
 
 
-def test_batch_mode_over_the_reference_table(tmp_path: Path) -> None:
-    found = reference_dir()
-    if found is None:
-        pytest.skip("the published measurements (../shared/reference) are not beside the checkout")
-    frame = pd.read_csv(found / "inference_runs.csv", dtype=str, keep_default_na=False)
+def test_batch_mode_over_the_reference_table(tmp_path: Path, reference: Path) -> None:
+    frame = pd.read_csv(reference / "inference_runs.csv", dtype=str, keep_default_na=False)
     # Static batches: in-flight points name no batch (their model is the serving issue's).
     frame = frame[frame["batching"] != "inflight"].reset_index(drop=True)
     frame.loc[3, "batch_size"] = "-1"

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from autoconfig import machine
 from autoconfig.errors import UserError
 from autoconfig.vocab import Device
 
@@ -39,15 +40,9 @@ def pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
-def has_cuda() -> bool:
-    import torch  # several seconds to import: only when a measured search asks
-
-    return torch.cuda.is_available()
-
-
 def on_cpu(measure: bool, device: Device) -> bool:
     """Whether measured trials will run on CPU ranks."""
-    return measure and (device is Device.CPU or (device is Device.AUTO and not has_cuda()))
+    return measure and machine.resolve(device) is Device.CPU
 
 
 def measure_options(flags: dict[str, Any], cpu: bool) -> MeasureOptions:

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import submitit
+
 from autoconfig.errors import UserError
 from autoconfig.measure.task import run_rank
 from autoconfig.trainer.config import TrainConfig
@@ -144,7 +146,6 @@ class Launcher:
 
     # -- submission ---------------------------------------------------------------------------
     def submit(self, cfg: TrainConfig, run_dir: Path) -> Job:
-        import submitit
 
         folder = run_dir / "submitit"
         config_path = run_dir / "config.json"

@@ -13,6 +13,7 @@ import optuna
 import pandas as pd
 from rich.console import Console
 
+from autoconfig import machine
 from autoconfig.errors import UserError
 from autoconfig.measure import candidates as cand
 from autoconfig.measure import summary
@@ -50,11 +51,7 @@ class MeasureOptions:
 
 
 def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return machine.resolve(device).value
 
 
 def check_options(opts: MeasureOptions) -> Settings:

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import optuna
+from optuna.storages.journal import JournalFileBackend
 
 from autoconfig import layout
 from autoconfig.errors import UserError
@@ -24,8 +25,6 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An Optuna storage from a URL: RDB URLs, or a journal file (`*.log` / `*.journal`)."""
     try:
         if url.endswith((".log", ".journal")) and "://" not in url:
-            from optuna.storages.journal import JournalFileBackend
-
             return optuna.storages.JournalStorage(JournalFileBackend(url))
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
     except Exception as exc:  # any driver's error: the URL is the user's input

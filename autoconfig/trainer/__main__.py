@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from autoconfig.errors import UserError
+from autoconfig.trainer.config import load_config
 from autoconfig.trainer.metrics import EXIT_BAD_INPUT
+from autoconfig.trainer.run import train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,14 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="run folder")
     args = parser.parse_args(argv)
     try:
-        from autoconfig.trainer.config import load_config
-
         cfg = load_config(args.config)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from autoconfig.trainer.run import train
-
     return train(cfg, args.out)
 
 

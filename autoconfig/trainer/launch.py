@@ -10,6 +10,10 @@ import sys
 import uuid
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
 from autoconfig.fileio import write_json
 from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
@@ -19,10 +23,6 @@ from autoconfig.trainer.run import train
 
 def launch_local(cfg: TrainConfig, out: Path, quiet: bool = True) -> tuple[int, RunMetrics]:
     """Run `cfg` on this machine with cfg.world local ranks; returns (exit code, metrics)."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("rank*.json"):
