@@ -100,7 +100,7 @@ def hardware_columns(hw: Hardware) -> dict[str, float]:
         "step_overhead_s": e.step_overhead_ms * 1e-3,
         "mem_overhead": e.memory_overhead,
         "mem_reserved_gb": e.memory_reserved_gb,
-        "gpus_per_node": hw.cluster.gpus_per_node,
+        "gpus_per_node": hw.cluster.domain,  # GPUs that reach each other over NVLink
         "intra_bytes_s": hw.cluster.intra_node_gb_s * 1e9,
         "inter_bytes_s": hw.cluster.inter_node_gb_s * 1e9,
         "fp8": float(fp8),

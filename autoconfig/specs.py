@@ -157,8 +157,18 @@ class ClusterSpec(_Spec):
 
     name: str = "default"
     gpus_per_node: int = Field(default=8, gt=0)
+    nvlink_domain: int | None = Field(
+        default=None,
+        gt=0,
+        description="GPUs one NVLink fabric joins (72 in an NVL72 rack); = gpus_per_node",
+    )
     intra_node_gb_s: float = Field(gt=0, description="NVLink GB/s per GPU, one direction")
     inter_node_gb_s: float = Field(gt=0, description="network GB/s per GPU, one direction")
+
+    @property
+    def domain(self) -> int:
+        """GPUs that reach each other over NVLink (or the node's own bus)."""
+        return self.nvlink_domain or self.gpus_per_node
 
 
 class GPUSpec(_Spec):
@@ -174,6 +184,7 @@ class GPUSpec(_Spec):
         default=None, description="serving-engine constants (carried over from a fitted chip)"
     )
     cluster: ClusterSpec
+    tdp_w: float | None = Field(default=None, gt=0, description="board power, watts")
     source: str = ""
 
     @field_validator("peak_tflops")

@@ -73,20 +73,27 @@ class ZeroStage(IntEnum):
 
 
 class Precision(Choice):
-    """Training precision: the GEMM format (weights' master copies stay fp32)."""
+    """Training precision: the GEMM format (weights' master copies stay fp32). fp8 is per-tensor
+    scaled (delayed or current scaling), mxfp8 block-scaled 8-bit and nvfp4 block-scaled 4-bit
+    (Blackwell; Transformer Engine recipes MXFP8BlockScaling, NVFP4BlockScaling)."""
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
 
 
 class ServePrecision(Choice):
-    """Serving weight format (int8 = weight-only; fp32 = the bundled model on CPU)."""
+    """Serving weight format (int8/int4 = weight-only; nvfp4 = block-scaled 4-bit weights and
+    activations on Blackwell; fp32 = the bundled model on CPU)."""
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
+    NVFP4 = "nvfp4"
     INT8 = "int8"
+    INT4 = "int4"
     FP32 = "fp32"
 
     @property
@@ -115,7 +122,16 @@ class KvPrecision(Choice):
         return _SERVE_BYTES[self.value]
 
 
-_SERVE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp32": 4.0}
+# nvfp4: 4-bit values plus one fp8 scale per 16 (NVIDIA, "Introducing NVFP4", 2025).
+_SERVE_BYTES = {
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "nvfp4": 0.5 + 1.0 / 16,
+    "int8": 1.0,
+    "int4": 0.5,
+    "fp32": 4.0,
+}
 
 
 class Norm(Choice):

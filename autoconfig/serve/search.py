@@ -131,7 +131,7 @@ def search(req: Request) -> ServingResult:
     spec = catalog.get_model(req.model) if isinstance(req.model, str) else req.model
     _check(req, spec)
     gpu = catalog.get_gpu(req.gpu)
-    node = req.gpus_per_node or gpu.cluster.gpus_per_node
+    node = req.gpus_per_node or gpu.cluster.domain
     layouts = _layouts(req, spec, node)
     if not layouts:
         raise UserError(

@@ -95,7 +95,7 @@ def make_request(
 def evaluate_all(req: SearchRequest) -> SearchResult:
     """Enumerate, evaluate and rank; raises UserError when no layout uses the GPUs."""
     cands = enumerate_candidates(
-        req.model, req.gpus, req.gbs, req.seq_len, req.space, req.cluster.gpus_per_node
+        req.model, req.gpus, req.gbs, req.seq_len, req.space, req.cluster.domain
     )
     if cands.table.empty:
         reasons = ", ".join(f"{k} ({v})" for k, v in cands.dropped.items())
