@@ -3,13 +3,14 @@ its arguments into typed specs and calls the layer that computes; nothing here m
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from autoconfig import catalog, layout
+from autoconfig import catalog, frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError, pydantic_message
@@ -18,7 +19,7 @@ from autoconfig.serve import search as serve_search
 from autoconfig.serve.predict import predict_frame
 from autoconfig.serve.request import Budget, Request
 from autoconfig.serve.result import ServingResult
-from autoconfig.specs import ModelSpec, ParallelConfig, SearchSpace
+from autoconfig.specs import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
 from autoconfig.training import run as search_run
 from autoconfig.training.result import SearchResult
 
@@ -59,13 +60,16 @@ def estimate(
     precision: str = "bf16",
     flash_attention: bool = True,
     gpus_per_node: int | None = None,
-    sp_saves_gathered: bool = False,
+    sp_saves_gathered: bool | None = None,
+    framework: str = "megatron",
 ) -> pd.DataFrame:
     """One configuration's predictions and breakdown as a one-row DataFrame: the layout (every
-    dimension, defaults resolved), the run, then the pred_* columns and breakdowns.
+    dimension, defaults resolved), the run, then the pred_* columns and breakdowns, for the
+    layout run by `framework` (what it overlaps and fuses; a layout it cannot run is refused).
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
+    fw = catalog.get_framework(framework)
     spec = catalog.get_model(model) if isinstance(model, str) else model
     gpu_spec = catalog.get_gpu(gpu)
     if num_gpus < 1:
@@ -105,7 +109,8 @@ def estimate(
         "gbs": run.gbs,
         "seq": run.seq_len,
     }
-    broken = layout.first_broken({**layout.columns(layout.frame_of(run.model_dump())), **shape})
+    codes = {**layout.columns(layout.frame_of(run.model_dump())), **shape}
+    broken = layout.first_broken(codes) or frameworks.first_broken(fw, codes)
     if broken:
         raise UserError(broken)
     hardware = Hardware(gpu_spec, catalog.cluster_for(gpu_spec, gpus_per_node), run.precision)
@@ -115,7 +120,7 @@ def estimate(
         layout.frame_of(run.model_dump()),
         run.gbs,
         run.seq_len,
-        Behaviour(float(flash_attention), 1.0, float(sp_saves_gathered)),
+        _behaviour(fw, run.precision.value, flash_attention, sp_saves_gathered),
     )
     with np.errstate(all="ignore"):
         preds = evaluate(inputs)
@@ -128,8 +133,18 @@ def estimate(
         "seq_len": run.seq_len,
         "precision": run.precision.value,
         "flash_attention": flash_attention,
+        "framework": fw.name,
     }
     return pd.concat([pd.DataFrame([row]), pd.DataFrame(preds)], axis=1)
+
+
+def _behaviour(
+    fw: FrameworkSpec, precision: str, flash: bool, sp_saves_gathered: bool | None
+) -> Behaviour:
+    does = frameworks.behaviour(fw, precision, float(flash))
+    if sp_saves_gathered is None:
+        return does
+    return replace(does, sp_saves_gathered=float(sp_saves_gathered))
 
 
 def search(
@@ -149,6 +164,7 @@ def search(
     memory_headroom: float = 0.0,
     gpus_per_node: int | None = None,
     flash_attention: bool = True,
+    framework: str = "megatron",
 ) -> SearchResult:
     """Every valid layout for `gpus` GPUs, evaluated and ranked. `result.table` holds every
     evaluated layout (feasible first, best first); the result's fields say what was asked,
@@ -170,6 +186,7 @@ def search(
         memory_headroom=memory_headroom,
         gpus_per_node=gpus_per_node,
         flash_attention=flash_attention,
+        framework=framework,
     )
     return search_run.run(request)
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from autoconfig import resources
 from autoconfig.errors import UserError, pydantic_message
-from autoconfig.specs import ClusterSpec, GPUSpec, InferenceEfficiency, ModelSpec
+from autoconfig.specs import ClusterSpec, FrameworkSpec, GPUSpec, InferenceEfficiency, ModelSpec
 
 
 def read_yaml(path: Traversable, what: str = "") -> dict:
@@ -59,6 +59,30 @@ def gpus() -> dict[str, GPUSpec]:
             raise UserError(pydantic_message(exc, f"{path}: ")) from None
         out[spec.name] = spec
     return out
+
+
+@cache
+def frameworks() -> dict[str, FrameworkSpec]:
+    """Framework profiles by name and alias (lower case)."""
+    out: dict[str, FrameworkSpec] = {}
+    for path in resources.yaml_files(resources.profiles() / "frameworks"):
+        try:
+            spec = FrameworkSpec(**read_yaml(path))
+        except ValidationError as exc:
+            raise UserError(pydantic_message(exc, f"{path}: ")) from None
+        for name in (spec.name, *spec.aliases):
+            out[name.lower()] = spec
+    return out
+
+
+def get_framework(name: str) -> FrameworkSpec:
+    """A framework profile by name or alias (the reference tables' spellings)."""
+    catalog = frameworks()
+    key = str(name).strip().lower()
+    if key not in catalog:
+        names = sorted({f.name for f in catalog.values()})
+        raise UserError(f"framework: unknown name '{name}'{_closest(key, names)}")
+    return catalog[key]
 
 
 def _closest(name: str, known: list[str]) -> str:

@@ -39,25 +39,33 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Behaviour:
-    """What the training framework does that changes the cost (scalars or one value per row):
-    flash attention; gradient reduction overlapped with backward; sequence parallelism saving
-    its all-gathered block inputs for backward (torch DTensor, the bundled trainer) rather than
-    the shard (Megatron-LM). Megatron-LM's choices are the defaults."""
+    """What the training framework does that changes the cost (scalars or one value per row);
+    the defaults are Megatron-LM's plain settings. Frameworks set these from their profiles
+    (autoconfig.frameworks), each with its source."""
 
     flash_attention: Values = 1.0
-    overlap_grad_reduce: Values = 1.0
-    sp_saves_gathered: Values = 0.0
+    overlap_grad_reduce: Values = 1.0  # gradient reduction overlapped with backward
+    overlap_param_gather: Values = 0.0  # ZeRO-1/2 weight all-gather overlapped with forward
+    tp_overlap: Values = 0.0  # TP collectives overlapped with their GEMMs (needs SP)
+    p2p_overlap: Values = 0.0  # pipeline sends overlapped with compute (when interleaved)
+    cuda_graphs: Values = 0.0  # kernel launches replayed from captured graphs
+    fused_kernels: Values = 0.0  # fused activation kernels (SwiGLU saves only its input)
+    ep_dedup: Values = 0.0  # MoE dispatch sends each token once per node (DeepEP, HybridEP)
+    param_bytes: Values = 2.0  # working weight copy: 2 (bf16), 1 (fp8 parameters)
+    grad_comm_bytes: Values = 4.0  # gradients reduced in fp32 (4) or bf16 (2)
+    optim_bytes: Values = 12.0  # fp32 master weights + fp32 Adam moments
+    sp_saves_gathered: Values = 0.0  # SP keeps the all-gathered block inputs (torch DTensor)
 
     def columns(self) -> dict[str, Values]:
-        return {
-            "flash": self.flash_attention,
-            "overlap_grad_reduce": self.overlap_grad_reduce,
-            "sp_saves_gathered": self.sp_saves_gathered,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["flash"] = out.pop("flash_attention")
+        return out
 
 
 def model_columns(model: ModelSpec) -> dict[str, float]:
     """Architecture figures of one model as scalar columns."""
+    mla, mamba = model.mla, model.mamba
+    moe_share = model.moe_layers / model.ffn_layers if model.ffn_layers else 0.0
     return {
         "layers": model.layers,
         "hidden": model.hidden,
@@ -76,20 +84,49 @@ def model_columns(model: ModelSpec) -> dict[str, float]:
         "experts": model.num_experts,
         "topk": model.topk,
         "expert_ffn": model.expert_ffn,
-        "shared_experts": model.shared_experts,
+        "shared_ffn": model.shared_ffn if model.is_moe else 0.0,
+        "moe_latent": float(model.moe_latent or 0),
+        "attn_share": model.attn_layers / model.layers,
+        "mlp_share": model.ffn_layers / model.layers,
+        "moe_share": moe_share,
+        "mamba_share": (mamba.layers / model.layers) if mamba else 0.0,
+        "q_lora": float(mla.q_lora_rank) if mla else 0.0,
+        "kv_lora": float(mla.kv_lora_rank) if mla else 0.0,
+        "rope_dim": float(mla.rope_head_dim) if mla else 0.0,
+        "v_dim": float(mla.v_head_dim) if mla else 0.0,
+        "window": float(model.sliding_window or 0),
+        "window_share": model.sliding_window_layers / model.attn_layers
+        if model.sliding_window and model.attn_layers
+        else 0.0,
+        "mamba_heads": float(mamba.heads) if mamba else 0.0,
+        "mamba_head_dim": float(mamba.head_dim) if mamba else 0.0,
+        "mamba_state": float(mamba.state) if mamba else 0.0,
+        "mamba_groups": float(mamba.groups) if mamba else 0.0,
+        "mtp": float(model.mtp_layers),
     }
+
+
+# Bytes per GEMM operand element: 16-bit, per-tensor or block-scaled 8-bit, and nvfp4's 4-bit
+# values with one fp8 scale per 16 (NVIDIA, "Introducing NVFP4", 2025).
+GEMM_BYTES = {
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "mxfp8": 1.0 + 1.0 / 32,
+    "nvfp4": 0.5 + 1.0 / 16,
+}
 
 
 def hardware_columns(hw: Hardware) -> dict[str, float]:
     """Datasheet figures and efficiency constants of one GPU type, cluster and precision."""
     gpu, e = hw.gpu, hw.gpu.efficiency
-    fp8 = str(hw.precision) == Precision.FP8.value
+    precision = str(hw.precision)
     return {
-        "peak_flops": gpu.peak(str(hw.precision)) * 1e12,
+        "peak_flops": gpu.peak(precision) * 1e12,
         "peak_bf16_flops": gpu.peak("bf16") * 1e12,
         "hbm_bytes_s": gpu.memory_tb_s * 1e12,
         "memory_gb": gpu.memory_gb,
-        "eff_gemm": (e.gemm_fp8 or e.gemm) if fp8 else e.gemm,
+        "eff_gemm": e.gemm_at(precision),
         "eff_attention": e.attention,
         "eff_memory": e.memory,
         "kernel_s": e.kernel_us * 1e-6,
@@ -103,7 +140,7 @@ def hardware_columns(hw: Hardware) -> dict[str, float]:
         "gpus_per_node": hw.cluster.domain,  # GPUs that reach each other over NVLink
         "intra_bytes_s": hw.cluster.intra_node_gb_s * 1e9,
         "inter_bytes_s": hw.cluster.inter_node_gb_s * 1e9,
-        "fp8": float(fp8),
+        "gemm_bytes": GEMM_BYTES.get(precision, 2.0),
     }
 
 

@@ -9,18 +9,18 @@ while the other rows go on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from autoconfig import catalog, layout
+from autoconfig import catalog, frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.errors import UserError, pydantic_message
-from autoconfig.specs import GPUSpec, ModelSpec
-from autoconfig.vocab import Mlp, Norm, Position, Precision, Recompute
+from autoconfig.specs import FrameworkSpec, GPUSpec, ModelSpec
+from autoconfig.vocab import Framework, Mlp, Norm, Position, Precision, Recompute
 
 REQUIRED = ("layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus", "tp", "pp", "gbs")
 POSITIVE_INTS = (
@@ -38,6 +38,7 @@ POSITIVE_INTS = (
     "vp",
     "cp",
     "ep",
+    "etp",
     "dp",
     "mbs",
     "gbs",
@@ -166,19 +167,19 @@ def fill_from_catalog(df: pd.DataFrame) -> pd.DataFrame:
         return df
     by_name = {name.lower(): spec for name, spec in catalog.models().items()}
     names = text_column(df, "model")
-    matched = names[names.isin(by_name)]
-    if matched.empty:
+    if not names.isin(by_name).any():
         return df
+    known = pd.DataFrame(
+        [model_columns_of(by_name[n]) if n in by_name else {} for n in names],
+        index=df.index,
+        columns=list(ARCH_COLUMNS),
+    )
     df = df.copy()
-    for name in matched.unique():
-        rows = names == name
-        known = model_columns_of(by_name[name])
-        for col in ARCH_COLUMNS:
-            if col not in df:
-                df[col] = ""
-            blank = rows & text_column(df, col).isin(UNKNOWN)
-            df[col] = df[col].astype(object)
-            df.loc[blank, col] = known[col]
+    for col in ARCH_COLUMNS:
+        blank = text_column(df, col).isin(UNKNOWN) & known[col].notna()
+        if blank.any():
+            current = df[col].astype(object) if col in df else pd.Series("", index=df.index)
+            df[col] = current.where(~blank, known[col].astype(object))
     return df
 
 
@@ -237,26 +238,51 @@ def read_models(
         index=df.index,
     )
     specs: list[ModelSpec] = [PLACEHOLDER_MODEL] * len(df)
-    built: dict[tuple, ModelSpec | str] = {}
-    for pos, (i, row) in enumerate(arch.iterrows()):
-        if err.msg[i]:
+    # One spec per distinct architecture (a published table repeats a few dozen many times).
+    ok = ~pd.Series(err.bad, index=df.index)
+    keys = pd.util.hash_pandas_object(arch[ok].astype(str), index=False)
+    for _key, rows in keys.groupby(keys).groups.items():
+        first = arch.loc[rows[0]]
+        cells = {k: (None if pd.isna(v) else v) for k, v in first.items()}
+        fields = {**cells, **{k: int(v) for k, v in cells.items() if isinstance(v, float)}}
+        try:
+            spec = ModelSpec(**fields)
+        except ValidationError as exc:
+            err.add(df.index.isin(rows), pydantic_message(exc))
             continue
-        cells = {k: (None if pd.isna(v) else v) for k, v in row.items()}
-        ints = {k: int(v) for k, v in cells.items() if isinstance(v, float | np.floating)}
-        fields = {**cells, **ints}
-        key = tuple(sorted((k, str(v)) for k, v in fields.items()))
-        if key not in built:
-            try:
-                built[key] = ModelSpec(**fields)
-            except ValidationError as exc:
-                built[key] = pydantic_message(exc)
-        spec = built[key]
-        if isinstance(spec, str):
-            err.add(df.index == i, spec)
-        else:
+        spec = _with_catalog_features(spec)
+        for pos in df.index.get_indexer(rows):
             specs[pos] = spec
     resolved = pd.DataFrame({"mlp": mlp, "norm": norm, "position": position}, index=df.index)
     return specs, resolved
+
+
+# What a catalog profile knows that the reference CSV has no column for.
+FEATURES = (
+    "mla",
+    "mamba",
+    "attention_layers",
+    "mlp_layers",
+    "dense_layers",
+    "moe_every",
+    "shared_expert_ffn",
+    "sliding_window",
+    "sliding_window_layers",
+    "mtp_layers",
+    "moe_latent",
+)
+SAME_SHAPE = ("layers", "hidden", "heads", "num_experts")
+
+
+def _with_catalog_features(spec: ModelSpec) -> ModelSpec:
+    """A row naming a catalog model (same layers, width, heads and experts) gets the
+    architecture features its columns cannot state (latent attention, hybrid blocks, ...)."""
+    known = catalog.models().get(spec.name) or {
+        n.lower(): m for n, m in catalog.models().items()
+    }.get(spec.name.lower())
+    if known is None or any(getattr(known, f) != getattr(spec, f) for f in SAME_SHAPE):
+        return spec
+    return spec.model_copy(update={f: getattr(known, f) for f in FEATURES})
 
 
 def read_gpus(
@@ -284,13 +310,31 @@ def read_gpus(
     return out
 
 
+# Row columns that state what the framework did (y/n), overriding its profile: facts about a
+# run the reference tables' notes give (e.g. Megatron-Core's --tp-comm-overlap).
+BEHAVIOUR_FLAGS = {
+    "flash_attention": "flash_attention",
+    "overlap_grad_reduce": "overlap_grad_reduce",
+    "overlap_param_gather": "overlap_param_gather",
+    "tp_comm_overlap": "tp_overlap",
+    "p2p_overlap": "p2p_overlap",
+    "cuda_graphs": "cuda_graphs",
+    "fused_kernels": "fused_kernels",
+    "sp_saves_gathered": "sp_saves_gathered",
+}
+# What "unknown" may stand for in a published row, resolved to the framework's best choice.
+RESOLVABLE = ("zero", "recompute", "sp", "vp", "etp")
+
+
 @dataclass
 class TrainingRows:
     """Typed contents of a table of training runs, one entry per row."""
 
     models: list[ModelSpec]
     hardware: list[Hardware]
+    frameworks: list[FrameworkSpec]
     layouts: pd.DataFrame  # one column per layout dimension
+    unknown: pd.DataFrame  # per RESOLVABLE dimension: the row left it unknown
     gbs: np.ndarray
     seq: np.ndarray
     behaviour: Behaviour
@@ -303,6 +347,38 @@ class TrainingRows:
         )
 
 
+def read_frameworks(df: pd.DataFrame, err: Errors) -> list[FrameworkSpec]:
+    """Each row's framework (its name or an alias the reference tables use; megatron where
+    blank)."""
+    names = text_column(df, "framework").replace({"": Framework.MEGATRON.value})
+    default = catalog.get_framework(Framework.MEGATRON.value)
+    out = [default] * len(df)
+    for name in names.unique():
+        rows = (names == name).to_numpy()
+        try:
+            fw = catalog.get_framework(name)
+        except UserError as exc:
+            err.add(rows, str(exc))
+            continue
+        for pos in np.flatnonzero(rows):
+            out[pos] = fw
+    return out
+
+
+def read_behaviour(
+    df: pd.DataFrame, fws: list[FrameworkSpec], precision: pd.Series, err: Errors
+) -> Behaviour:
+    """What each row's framework does, with the row's own y/n columns winning."""
+    profiles = [frameworks.behaviour(fw, p) for fw, p in zip(fws, precision, strict=True)]
+    values: dict[str, np.ndarray] = {}
+    for f in fields(Behaviour):
+        values[f.name] = np.array([float(np.asarray(getattr(b, f.name))) for b in profiles])
+    for col, name in BEHAVIOUR_FLAGS.items():
+        if col in df:
+            values[name] = flag(df, col, values[name], err).to_numpy()
+    return Behaviour(**values)
+
+
 def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     for col in REQUIRED:
         if col not in df:
@@ -311,9 +387,11 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     err = Errors(df.index)
     num = integers(df, err)
     models, arch = read_models(df, num, num["seq_len"], err)
+    fws = read_frameworks(df, err)
 
     tp, pp, cp = num["tp"], num["pp"], num["cp"].fillna(1)
     vp, ep, mbs = num["vp"].fillna(1), num["ep"].fillna(1), num["mbs"].fillna(1)
+    etp = num["etp"].fillna(1) if "etp" in num else pd.Series(1.0, index=df.index)
     dp = num["dp"].fillna(num["num_gpus"] / (tp * pp * cp))
     sp = flag(df, "sp", tp > 1, err)
     zero_text = text_column(df, "zero")
@@ -326,6 +404,17 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     per_stage = np.ceil(num["layers"] / (pp * vp)) * vp
     full = recompute == Recompute.FULL.value
     recompute_layers = num["recompute_layers"].fillna(per_stage.where(full, 0))
+    moe = num["num_experts"].fillna(0) > 0
+    unknown = pd.DataFrame(
+        {
+            "zero": zero_text.isin(UNKNOWN).to_numpy(),
+            "recompute": text_column(df, "recompute").isin(UNKNOWN).to_numpy(),
+            "sp": text_column(df, "sp").isin(UNKNOWN).to_numpy(),
+            "vp": (num["vp"].isna() & (pp > 1)).to_numpy(),
+            "etp": (moe & (tp > 1) & text_column(df, "etp").eq("")).to_numpy(),
+        },
+        index=df.index,
+    )
 
     layouts = pd.DataFrame(
         {
@@ -335,6 +424,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
             "vp": vp,
             "cp": cp,
             "ep": ep,
+            "etp": etp,
             "sp": sp > 0,
             "mbs": mbs,
             "recompute": recompute,
@@ -355,12 +445,14 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     codes = {**layouts, "recompute": recompute.map({r.value: r.code for r in Recompute})}
     for name, rule, bad in layout.rules({**codes, **shape}):
         err.add(bad, f"{name}: {rule}")
+    for fw in {id(f): f for f in fws}.values():
+        mine = np.array([f is fw for f in fws])
+        for name, rule, bad in frameworks.rules(fw, {**codes, **shape}):
+            # Settings the row left unknown are chosen later among what the framework runs.
+            known = ~unknown[name].to_numpy() if name in unknown else True
+            err.add(mine & np.asarray(bad, bool) & known, f"{name}: {rule}")
     gpus = read_gpus(df, num, precision, err)
-    behaviour = Behaviour(
-        flash_attention=flag(df, "flash_attention", True, err).to_numpy(),
-        overlap_grad_reduce=flag(df, "overlap_grad_reduce", True, err).to_numpy(),
-        sp_saves_gathered=flag(df, "sp_saves_gathered", False, err).to_numpy(),
-    )
+    behaviour = read_behaviour(df, fws, precision, err)
 
     bad = err.bad
     clean = layouts.copy()
@@ -376,12 +468,27 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     gbs = np.where(bad, 1.0, num["gbs"].to_numpy(float))
     resolved = pd.concat(
         [
-            layouts.assign(precision=precision, flash_attention=behaviour.flash_attention > 0),
+            layouts.assign(
+                precision=precision,
+                framework=[f.name for f in fws],
+                flash_attention=np.asarray(behaviour.flash_attention) > 0,
+            ),
             arch,
         ],
         axis=1,
     )
-    return TrainingRows(models, hardware, clean, gbs, seq, behaviour, err.msg, resolved)
+    return TrainingRows(
+        models,
+        hardware,
+        fws,
+        clean,
+        unknown & ~bad[:, None],
+        gbs,
+        seq,
+        behaviour,
+        err.msg,
+        resolved,
+    )
 
 
 def _dtype(d: layout.Dimension) -> type:

@@ -20,6 +20,7 @@ from autoconfig.errors import UserError
 from autoconfig.vocab import Choice, Framework, Recompute, ZeroStage
 
 MEGATRON, NEMO, TORCHTITAN = Framework.MEGATRON, Framework.NEMO, Framework.TORCHTITAN
+DEEPSPEED, NANOTRON, COMPOSER = Framework.DEEPSPEED, Framework.NANOTRON, Framework.COMPOSER
 ANY = "*"
 
 FlagSpec = str | tuple[str, ...] | Mapping[object, "str | tuple[str, ...]"]
@@ -98,6 +99,10 @@ _BOOL = {"true": True, "1": True, "y": True, "yes": True, "false": False, "0": F
 _BOOL |= {"n": False, "no": False}
 
 
+# Framework settings per dimension. Megatron-LM and Megatron-DeepSpeed take command-line flags,
+# NeMo 2 recipe attributes, torchtitan TOML ("[section] key = value"), nanotron and Composer YAML
+# ("section.key: value"). Sources: the frameworks' argument parsers and config classes
+# (profiles/frameworks/*.yaml name the versions read).
 DIMENSIONS: tuple[Dimension, ...] = (
     Dimension(
         "dp",
@@ -106,8 +111,15 @@ DIMENSIONS: tuple[Dimension, ...] = (
         "data-parallel degree: model replicas (ZeRO shards over them)",
         label="dp{}",
         always_labelled=True,
-        # Frameworks derive it from the world size.
-        flags={MEGATRON: "", NEMO: "", TORCHTITAN: ""},
+        # Most frameworks derive it from the world size.
+        flags={
+            MEGATRON: "",
+            NEMO: "",
+            TORCHTITAN: "",
+            DEEPSPEED: "",
+            NANOTRON: "parallelism.dp: {dp}",
+            COMPOSER: "",
+        },
     ),
     Dimension(
         "tp",
@@ -122,6 +134,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
             MEGATRON: "--tensor-model-parallel-size {tp}",
             NEMO: "recipe.trainer.strategy.tensor_model_parallel_size = {tp}",
             TORCHTITAN: "tensor_parallel_degree = {tp}",
+            DEEPSPEED: "--tensor-model-parallel-size {tp}",
+            NANOTRON: "parallelism.tp: {tp}",
+            COMPOSER: {1: "", ANY: "parallelism_config.tp.tensor_parallel_degree: {tp}"},
         },
     ),
     Dimension(
@@ -144,6 +159,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 'pipeline_parallel_schedule = "{pipeline_schedule}"',
                 "pipeline_parallel_microbatch_size = {pipeline_microbatch}",
             ),
+            DEEPSPEED: "--pipeline-model-parallel-size {pp}",
+            NANOTRON: ("parallelism.pp: {pp}", "parallelism.pp_engine: 1f1b"),
+            COMPOSER: {1: ""},
         },
     ),
     Dimension(
@@ -164,6 +182,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 ANY: "recipe.trainer.strategy.virtual_pipeline_model_parallel_size = {vp}",
             },
             TORCHTITAN: "",  # the interleaved schedule is named with pp (pipeline_schedule)
+            DEEPSPEED: {1: ""},
+            NANOTRON: {1: ""},
+            COMPOSER: {1: ""},
         },
     ),
     Dimension(
@@ -178,13 +199,16 @@ DIMENSIONS: tuple[Dimension, ...] = (
             MEGATRON: "--context-parallel-size {cp}",
             NEMO: "recipe.trainer.strategy.context_parallel_size = {cp}",
             TORCHTITAN: "context_parallel_degree = {cp}",
+            DEEPSPEED: {1: ""},
+            NANOTRON: {1: ""},
+            COMPOSER: {1: ""},
         },
     ),
     Dimension(
         "ep",
         int,
         1,
-        "expert-parallel degree (MoE experts split over data-parallel ranks)",
+        "expert-parallel degree (MoE experts split over ranks)",
         label="ep{}",
         searched=(1,),
         structural=True,
@@ -192,6 +216,27 @@ DIMENSIONS: tuple[Dimension, ...] = (
             MEGATRON: {1: "", ANY: "--expert-model-parallel-size {ep}"},
             NEMO: "recipe.trainer.strategy.expert_model_parallel_size = {ep}",
             TORCHTITAN: "expert_parallel_degree = {ep}",
+            DEEPSPEED: {1: "", ANY: "--moe-expert-parallel-size {ep}"},
+            NANOTRON: {1: "", ANY: "parallelism.expert_parallel_size: {ep}"},
+            COMPOSER: {1: ""},
+        },
+    ),
+    Dimension(
+        "etp",
+        int,
+        1,
+        "expert tensor-parallel degree: MoE experts split over this many ranks (Megatron-Core "
+        "--expert-tensor-parallel-size; expert parallelism folds over tp*dp*cp)",
+        label="etp{}",
+        searched=(1,),
+        structural=True,
+        flags={
+            MEGATRON: {1: "", ANY: "--expert-tensor-parallel-size {etp}"},
+            NEMO: "recipe.trainer.strategy.expert_tensor_parallel_size = {etp}",
+            TORCHTITAN: {1: "", ANY: "expert_tensor_parallel_degree = {etp}"},
+            DEEPSPEED: {1: ""},
+            NANOTRON: {1: ""},
+            COMPOSER: {1: ""},
         },
     ),
     Dimension(
@@ -202,9 +247,22 @@ DIMENSIONS: tuple[Dimension, ...] = (
         label="sp",
         searched=(True,),
         flags={
-            MEGATRON: {True: "--sequence-parallel", False: ""},
-            NEMO: "recipe.trainer.strategy.sequence_parallel = {sp}",
+            # TP communication overlap needs sequence parallelism; both frameworks overlap it.
+            MEGATRON: {True: ("--sequence-parallel", "--tp-comm-overlap"), False: ""},
+            NEMO: {
+                True: (
+                    "recipe.trainer.strategy.sequence_parallel = True",
+                    "recipe.comm_overlap.tp_comm_overlap = True",
+                ),
+                False: "recipe.trainer.strategy.sequence_parallel = False",
+            },
             TORCHTITAN: "",  # torchtitan shards sequences whenever it shards tensors
+            DEEPSPEED: {True: "--sequence-parallel", False: ""},
+            NANOTRON: {
+                True: "parallelism.tp_mode: REDUCE_SCATTER",
+                False: "parallelism.tp_mode: ALL_REDUCE",
+            },
+            COMPOSER: {False: ""},
         },
     ),
     Dimension(
@@ -217,6 +275,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
             MEGATRON: "--micro-batch-size {mbs}",
             NEMO: "recipe.data.micro_batch_size = {mbs}",
             TORCHTITAN: "",  # written with pp (pipeline_microbatch) and the local batch
+            DEEPSPEED: "--micro-batch-size {mbs}",
+            NANOTRON: "tokens.micro_batch_size: {mbs}",
+            COMPOSER: "device_train_microbatch_size: {mbs}",
         },
     ),
     Dimension(
@@ -227,11 +288,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
         searched=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
         key="{}",
         flags={
-            # Megatron and NeMo have no op-level SAC; their selective recompute is the nearest.
             MEGATRON: {
                 "none": "",
                 "selective": "--recompute-granularity selective",
-                "op": "--recompute-granularity selective",
                 "full": (
                     "--recompute-granularity full",
                     "--recompute-method block",
@@ -241,7 +300,6 @@ DIMENSIONS: tuple[Dimension, ...] = (
             NEMO: {
                 "none": "",
                 "selective": 'recipe.model.config.recompute_granularity = "selective"',
-                "op": 'recipe.model.config.recompute_granularity = "selective"',
                 "full": (
                     'recipe.model.config.recompute_granularity = "full"',
                     'recipe.model.config.recompute_method = "block"',
@@ -250,12 +308,23 @@ DIMENSIONS: tuple[Dimension, ...] = (
             },
             TORCHTITAN: {
                 "none": '[activation_checkpoint] mode = "none"',
-                "selective": '[activation_checkpoint] mode = "selective"',
                 "full": '[activation_checkpoint] mode = "full"',
                 "op": (
                     '[activation_checkpoint] mode = "selective"',
                     '[activation_checkpoint] selective_ac_option = "op"',
                 ),
+            },
+            DEEPSPEED: {
+                "none": "",
+                "full": ("--checkpoint-activations", "--checkpoint-num-layers {recompute_layers}"),
+            },
+            NANOTRON: {
+                "none": "model.recompute_layer: false",
+                "full": "model.recompute_layer: true",
+            },
+            COMPOSER: {
+                "none": "parallelism_config.fsdp.activation_checkpointing: false",
+                "full": "parallelism_config.fsdp.activation_checkpointing: true",
             },
         },
     ),
@@ -263,10 +332,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
         "recompute_layers",
         int,
         0,
-        "with recompute full: layers per pipeline stage recomputed (0 otherwise)",
+        "with recompute full: layers per pipeline stage recomputed (0 = all of them); 0 otherwise",
         minimum=0,
         key="rl{}",
-        flags={MEGATRON: "", NEMO: "", TORCHTITAN: ""},  # written with recompute
+        # written with recompute
+        flags={MEGATRON: "", NEMO: "", TORCHTITAN: "", DEEPSPEED: "", NANOTRON: "", COMPOSER: ""},
     ),
     Dimension(
         "zero",
@@ -278,13 +348,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
         key="z{}",
         flags={
             MEGATRON: {
-                0: "",
+                0: "--overlap-grad-reduce",
                 1: (
-                    "--use-distributed-optimizer",
-                    "--overlap-grad-reduce",
-                    "--overlap-param-gather",
-                ),
-                2: (
                     "--use-distributed-optimizer",
                     "--overlap-grad-reduce",
                     "--overlap-param-gather",
@@ -292,13 +357,29 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 3: "--use-torch-fsdp2",
             },
             NEMO: {
-                0: "",
-                ANY: "recipe.trainer.strategy.ddp.use_distributed_optimizer = True",
+                0: "recipe.trainer.strategy.ddp.use_distributed_optimizer = False",
+                1: "recipe.trainer.strategy.ddp.use_distributed_optimizer = True",
+                3: (
+                    "recipe.trainer.strategy.ddp.use_megatron_fsdp = True",
+                    "recipe.trainer.strategy.ddp.data_parallel_sharding_strategy = "
+                    '"optim_grads_params"',
+                ),
             },
-            TORCHTITAN: (
-                "data_parallel_replicate_degree = {dp_replicate}",
-                "data_parallel_shard_degree = {dp_shard}",
-            ),
+            TORCHTITAN: {
+                0: ("data_parallel_replicate_degree = {dp}", "data_parallel_shard_degree = 1"),
+                2: (
+                    "data_parallel_shard_degree = {dp}",
+                    'fsdp_reshard_after_forward = "never"',
+                ),
+                3: ("data_parallel_shard_degree = {dp}", 'fsdp_reshard_after_forward = "default"'),
+            },
+            DEEPSPEED: "--zero-stage {zero}",
+            NANOTRON: "optimizer.zero_stage: {zero}",
+            COMPOSER: {
+                0: "parallelism_config.fsdp.sharding_strategy: NO_SHARD",
+                2: "parallelism_config.fsdp.sharding_strategy: SHARD_GRAD_OP",
+                3: "parallelism_config.fsdp.sharding_strategy: FULL_SHARD",
+            },
         },
     ),
 )
@@ -411,6 +492,7 @@ def rules(c: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
     dimensions plus the model's heads, kv_heads, layers and experts, the run's num_gpus, gbs
     and seq. Vectorized: every entry of `c` may be a scalar or an array."""
     tp, pp, vp, cp, ep, dp = (np.asarray(c[k], float) for k in ("tp", "pp", "vp", "cp", "ep", "dp"))
+    etp = np.asarray(c["etp"], float)
     heads, kv, layers = (np.asarray(c[k], float) for k in ("heads", "kv_heads", "layers"))
     experts, gbs, mbs = (np.asarray(c[k], float) for k in ("experts", "gbs", "mbs"))
     seq, gpus = np.asarray(c["seq"], float), np.asarray(c["num_gpus"], float)
@@ -434,7 +516,10 @@ def rules(c: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
             ),
             ("ep", "expert parallelism needs an MoE model", (ep > 1) & (experts == 0)),
             ("ep", "must divide num_experts", (experts > 0) & (experts % ep != 0)),
-            ("ep", "must divide dp*cp", (dp * cp) % ep != 0),
+            ("etp", "expert tensor parallelism needs an MoE model", (etp > 1) & (experts == 0)),
+            # MoE parallel folding (Liu et al. 2025, Megatron-Core): the expert grid etp x ep x
+            # expert-dp re-partitions the same tp*dp*cp ranks as the attention grid.
+            ("ep", "ep*etp must divide tp*dp*cp", (tp * dp * cp) % (ep * etp) != 0),
             ("gbs", "must be divisible by dp*mbs", gbs % (dp * mbs) != 0),
             ("sp", "sequence parallelism needs tp > 1", (sp > 0) & (tp == 1)),
             (

@@ -20,8 +20,36 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class MLASpec(_Spec):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; DeepSeek-AI 2024, "DeepSeek-V2",
+    Sec. 2.1): queries and keys/values pass through low-rank latents; K/V cache the latent."""
+
+    q_lora_rank: int = Field(default=0, ge=0, description="query latent width (0: no query latent)")
+    kv_lora_rank: int = Field(gt=0, description="key/value latent width")
+    rope_head_dim: int = Field(gt=0, description="decoupled rotary part of each q/k head")
+    v_head_dim: int = Field(gt=0, description="value width per head")
+
+
+class MambaSpec(_Spec):
+    """Mamba-2 mixer blocks of a hybrid model (Dao and Gu 2024, "Transformers are SSMs";
+    NVIDIA Nemotron-H): blocks without attention whose state-space scan is linear in length."""
+
+    layers: int = Field(gt=0, description="Mamba-2 blocks among the model's layers")
+    heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    state: int = Field(gt=0, description="SSM state size per group")
+    groups: int = Field(default=1, gt=0)
+    conv_kernel: int = Field(default=4, gt=0)
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+
 class ModelSpec(_Spec):
-    """A decoder-only transformer architecture."""
+    """A decoder-only transformer architecture: by default every layer holds attention and an
+    MLP; MoE, multi-head latent attention, sliding windows, hybrid Mamba blocks and
+    multi-token prediction are declared by the fields below."""
 
     name: str = "custom"
     layers: int = Field(gt=0, description="number of transformer layers")
@@ -44,6 +72,33 @@ class ModelSpec(_Spec):
     topk: int = Field(default=0, ge=0, description="experts each token is routed to")
     moe_ffn_hidden: int | None = Field(default=None, gt=0, description="width of one expert MLP")
     shared_experts: int = Field(default=0, ge=0, description="always-on experts per MoE layer")
+    shared_expert_ffn: int | None = Field(
+        default=None, gt=0, description="width of all shared experts together; = shared*expert"
+    )
+    dense_layers: int = Field(
+        default=0, ge=0, description="MoE models: leading layers with a dense MLP (ffn_hidden)"
+    )
+    moe_every: int = Field(
+        default=1, gt=0, description="MoE models: every n-th layer after the dense ones is MoE"
+    )
+    mla: MLASpec | None = Field(default=None, description="multi-head latent attention")
+    sliding_window: int | None = Field(default=None, gt=0, description="local attention span")
+    sliding_window_layers: int = Field(
+        default=0, ge=0, description="layers attending only within the sliding window"
+    )
+    attention_layers: int | None = Field(
+        default=None, ge=0, description="hybrid models: layers with attention; = layers"
+    )
+    mlp_layers: int | None = Field(
+        default=None, ge=0, description="hybrid models: layers with an MLP or MoE; = layers"
+    )
+    mamba: MambaSpec | None = Field(default=None, description="hybrid models: Mamba-2 blocks")
+    mtp_layers: int = Field(
+        default=0, ge=0, description="multi-token-prediction blocks after the last layer"
+    )
+    moe_latent: int | None = Field(
+        default=None, gt=0, description="LatentMoE: width tokens are projected to for the experts"
+    )
     source: str = Field(default="", description="where the architecture figures come from")
     aliases: tuple[str, ...] = Field(default=(), description="other names the catalog accepts")
 
@@ -79,19 +134,76 @@ class ModelSpec(_Spec):
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
-    def layer_params(self, active_only: bool = False) -> int:
-        """Parameters of one transformer layer (weights of attention, MLP and norms)."""
+    @property
+    def shared_ffn(self) -> int:
+        """Width of the always-on experts of an MoE layer together."""
+        if self.shared_expert_ffn is not None:
+            return self.shared_expert_ffn
+        return self.shared_experts * self.expert_ffn
+
+    @property
+    def attn_layers(self) -> int:
+        return self.layers if self.attention_layers is None else self.attention_layers
+
+    @property
+    def ffn_layers(self) -> int:
+        return self.layers if self.mlp_layers is None else self.mlp_layers
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        if not self.is_moe:
+            return 0
+        return max(self.ffn_layers - self.dense_layers, 0) // self.moe_every
+
+    def attention_params(self) -> int:
         h, d = self.hidden, self.dhead
-        attn = h * d * (self.heads + 2 * self.kv) + self.heads * d * h
+        if self.mla is None:
+            return h * d * (self.heads + 2 * self.kv) + self.heads * d * h
+        m = self.mla
+        qk = d + m.rope_head_dim
+        q = (
+            h * m.q_lora_rank + m.q_lora_rank * self.heads * qk
+            if m.q_lora_rank
+            else h * self.heads * qk
+        )
+        kv = h * (m.kv_lora_rank + m.rope_head_dim) + m.kv_lora_rank * self.heads * (
+            d + m.v_head_dim
+        )
+        return q + kv + self.heads * m.v_head_dim * h
+
+    def mamba_params(self) -> int:
+        """One Mamba-2 block: in/out projections, convolution, per-head A, D, dt bias, norm."""
+        if self.mamba is None:
+            return 0
+        m, h = self.mamba, self.hidden
+        inner, bc = m.inner, 2 * m.groups * m.state
+        in_proj = h * (2 * inner + bc + m.heads)
+        return in_proj + (inner + bc) * m.conv_kernel + 3 * m.heads + inner + inner * h
+
+    def mlp_params(self, active_only: bool = False) -> tuple[int, int]:
+        """(dense MLP, MoE layer) parameters: routed experts (top-k of them when
+        active_only), shared experts and the router."""
         mats = 3 if self.mlp == "swiglu" else 2
-        if self.is_moe:
-            n_routed = self.topk if active_only else self.num_experts
-            mlp = (n_routed + self.shared_experts) * mats * h * self.expert_ffn
-            mlp += h * self.num_experts  # router
-        else:
-            mlp = mats * h * self.ffn
-        norms = 2 * h * (2 if self.norm == "layernorm" else 1)
-        return attn + mlp + norms
+        dense = mats * self.hidden * self.ffn
+        if not self.is_moe:
+            return dense, 0
+        routed = self.topk if active_only else self.num_experts
+        moe = mats * self.hidden * (routed * self.expert_ffn + self.shared_ffn)
+        return dense, moe + self.hidden * self.num_experts
+
+    def layer_params(self, active_only: bool = False) -> float:
+        """Parameters of an average layer (attention, MLP or MoE, Mamba, norms)."""
+        dense, moe = self.mlp_params(active_only)
+        n_moe = self.moe_layers
+        norm = self.hidden * (2 if self.norm == "layernorm" else 1)
+        blocks = (
+            self.attn_layers * (self.attention_params() + norm)
+            + (self.ffn_layers - n_moe) * (dense + norm)
+            + n_moe * (moe + norm)
+            + (self.mamba.layers * (self.mamba_params() + norm) if self.mamba else 0)
+        )
+        return blocks / self.layers
 
     def embedding_params(self) -> int:
         """Input embedding, learned positions, final norm and (untied) LM head."""
@@ -101,7 +213,8 @@ class ModelSpec(_Spec):
         return emb + pos + h * (2 if self.norm == "layernorm" else 1)
 
     def param_count(self, active_only: bool = False) -> int:
-        return self.layers * self.layer_params(active_only) + self.embedding_params()
+        mtp = self.mtp_layers * (self.layer_params(active_only) + 2 * self.hidden**2)
+        return round(self.layers * self.layer_params(active_only) + mtp + self.embedding_params())
 
 
 class Efficiency(_Spec):
@@ -114,6 +227,9 @@ class Efficiency(_Spec):
     gemm: float = Field(gt=0, le=1, description="fraction of dense peak reached by large GEMMs")
     gemm_fp8: float | None = Field(
         default=None, gt=0, le=1, description="fraction of fp8 peak reached by fp8 GEMMs; = gemm"
+    )
+    gemm_fp4: float | None = Field(
+        default=None, gt=0, le=1, description="fraction of fp4 peak reached by fp4 GEMMs; = fp8's"
     )
     attention: float = Field(gt=0, le=1, description="fraction of peak reached by attention")
     memory: float = Field(gt=0, le=1, description="fraction of HBM bandwidth for memory-bound ops")
@@ -132,6 +248,14 @@ class Efficiency(_Spec):
     )
     memory_reserved_gb: float = Field(ge=0, description="CUDA context, NCCL and library buffers")
     provenance: str = Field(default="", description="what these constants were fitted on")
+
+    def gemm_at(self, precision: str) -> float:
+        """GEMM efficiency at a precision: 8-bit formats share one, 4-bit another."""
+        if precision in ("fp8", "mxfp8"):
+            return self.gemm_fp8 or self.gemm
+        if precision == "nvfp4":
+            return self.gemm_fp4 or self.gemm_fp8 or self.gemm
+        return self.gemm
 
 
 class InferenceEfficiency(_Spec):
@@ -203,6 +327,65 @@ class GPUSpec(_Spec):
 
     def peak(self, precision: str) -> float:
         return self.peak_tflops.get(precision) or self.peak_tflops["bf16"]
+
+
+class Sourced(_Spec):
+    """A framework fact and where it comes from (docs, flags or code of the framework)."""
+
+    value: bool | int | str | list[int] | list[str]
+    source: str = Field(min_length=1)
+
+
+class FrameworkCapabilities(_Spec):
+    """What a training framework can run: layouts outside these are never proposed for it."""
+
+    zero: Sourced  # ZeRO stages it runs (0 none, 1 optimizer, 2 + gradients, 3 + weights)
+    zero_with_pp: Sourced  # stages that combine with pipeline parallelism
+    tensor_parallel: Sourced
+    sequence_parallel: Sourced  # "optional", "with_tp" (always on with tp > 1) or "never"
+    pipeline: Sourced
+    interleaving: Sourced  # virtual pipeline stages
+    interleave_needs_pp_multiple: Sourced  # micro-batches a multiple of pp when interleaved
+    uneven_pipeline: Sourced
+    context_parallel: Sourced
+    expert_parallel: Sourced
+    expert_folding: Sourced  # ep*etp over tp*dp*cp (MoE parallel folding), else within dp*cp
+    expert_tensor_parallel: Sourced
+    recompute: Sourced  # modes (vocab.Recompute values)
+    partial_recompute: Sourced  # full recompute of only some layers of a stage
+    precisions: Sourced  # vocab.Precision values
+
+
+class FrameworkBehaviour(_Spec):
+    """What a framework does in its performance configuration (and its exported flags ask
+    for): each maps onto a column of columns.Behaviour."""
+
+    flash_attention: Sourced
+    overlap_grad_reduce: Sourced
+    overlap_param_gather: Sourced
+    tp_overlap: Sourced  # TP collectives overlapped with GEMMs (with sequence parallelism)
+    p2p_overlap: Sourced  # pipeline sends overlapped, with interleaving
+    cuda_graphs: Sourced
+    fused_kernels: Sourced  # fused activation kernels (Transformer Engine, torch.compile)
+    ep_dedup: Sourced  # MoE dispatch once per node, fanned out over NVLink
+    fp8_params: Sourced  # weights kept and all-gathered in fp8 with fp8/mxfp8 recipes
+    grad_reduce_bf16: Sourced  # gradients reduced in bf16 instead of fp32
+    sp_saves_gathered: Sourced
+
+
+class FrameworkSpec(_Spec):
+    """A training framework: what it can run, what it does, and its defaults."""
+
+    name: str
+    title: str
+    aliases: tuple[str, ...] = ()
+    source: str
+    can: FrameworkCapabilities
+    does: FrameworkBehaviour
+    defaults: dict[str, Any] = Field(description="default zero, recompute and sp of its users")
+
+    def allows(self, capability: str) -> Any:
+        return getattr(self.can, capability).value
 
 
 class ParallelConfig(Layout):

@@ -18,6 +18,7 @@ from autoconfig.cost import evaluate
 from autoconfig.cost.flops import model_flops_per_token
 from autoconfig.errors import UserError
 from autoconfig.frame import read_training_rows, with_predictions
+from autoconfig.resolve import read_resolved
 
 # Runs from before FlashAttention (Dao et al., May 2022) used Megatron's unfused softmax
 # attention; Megatron GPT models train with dropout 0.1 (Megatron-LM arguments.py defaults
@@ -113,14 +114,55 @@ def measured_throughput(runs: pd.DataFrame) -> pd.Series:
 
 
 def predictions(runs: pd.DataFrame) -> pd.DataFrame:
-    """Every row with its predictions, `error`, the measured throughput and the error."""
+    """Every row with its predictions (unknown settings resolved as its framework would run
+    them, in `resolved_*`), `error`, the measured throughput, the constant-MFU guess and the
+    absolute errors of both."""
     runs = runs.reset_index(drop=True)
-    rows = read_training_rows(runs)
+    rows, resolved = read_resolved(runs)
     with np.errstate(all="ignore"):
         out = with_predictions(runs, evaluate(rows.inputs()), rows.errors)
+    out = pd.concat([out, resolved], axis=1)
     out["measured_tps"] = measured_throughput(runs).to_numpy()
     out["ape"] = (out["pred_tokens_per_s_per_gpu"].astype(float) / out["measured_tps"] - 1).abs()
+    out["guess_tps"] = constant_guess(runs).to_numpy()
+    out["guess_ape"] = (out["guess_tps"] / out["measured_tps"] - 1).abs()
     return out
+
+
+# The floor every accuracy figure is shown beside (../shared/reference/README.md, "The floor: a
+# constant-MFU guess"): 40% of the GPU's dense 16-bit peak, 1.5x for fp8 and mxfp8 rows.
+GUESS_MFU = 0.40
+GUESS_PEAK_TFLOPS = {
+    "a100": 312.0,
+    "h100": 989.0,
+    "h200": 989.0,
+    "b200": 2250.0,
+    "b300": 2250.0,
+    "gb200": 2500.0,
+    "gb300": 2500.0,
+}
+
+
+def constant_guess(runs: pd.DataFrame) -> pd.Series:
+    """tokens/s/GPU = 0.40 * peak / (6 N + 12 L h s), N every weight (embeddings included;
+    GQA attention 2h^2 + 2h^2 kv/heads; MLP 3 h ffn for SwiGLU, else 2 h ffn; MoE counted as
+    dense with ffn_hidden; a blank ffn_hidden is 4h). NaN where a figure it needs is blank."""
+    num = lambda c: pd.to_numeric(runs.get(c, pd.Series(index=runs.index)), errors="coerce")  # noqa: E731
+    h, layers, heads = num("hidden"), num("layers"), num("heads")
+    kv = num("kv_heads").fillna(heads)
+    vocab, seq = num("vocab"), num("seq_len")
+    ffn = num("ffn_hidden").fillna(4.0 * h)  # a blank FFN is GPT's 4h
+    mlp = runs.get("mlp", pd.Series("", index=runs.index)).astype(str).str.lower()
+    mats = np.where(mlp == "swiglu", 3.0, 2.0)
+    tied = runs.get("tied_embeddings", pd.Series("", index=runs.index)).astype(str) == "y"
+    attention = 2.0 * h**2 + 2.0 * h**2 * kv / heads
+    params = layers * (attention + mats * h * ffn) + vocab * h * np.where(tied, 1.0, 2.0)
+    flops = 6.0 * params + 12.0 * layers * h * seq
+    gpu = runs["gpu"].astype(str).str.lower()
+    family = gpu.str.extract(r"^(gb300|gb200|b300|b200|h200|h100|a100)")[0]
+    precision = runs["precision"].astype(str).str.lower()
+    peak = family.map(GUESS_PEAK_TFLOPS) * np.where(precision.isin(["fp8", "mxfp8"]), 1.5, 1.0)
+    return GUESS_MFU * peak * 1e12 / flops
 
 
 def error_stats(ape: pd.Series) -> dict[str, float]:
@@ -287,3 +329,56 @@ def memory_table(out: pd.DataFrame) -> pd.DataFrame:
     rows.append({"source_group": "ALL", **error_stats(ape)})
     rows.append({"source_group": "ALL (held out)", **error_stats(ape[~sel["fit_set"]])})
     return pd.DataFrame(rows)
+
+
+def measured_rows(out: pd.DataFrame) -> pd.Series:
+    """Rows that ran (status ok) with a measured throughput."""
+    return (out["status"] == "ok") & out["measured_tps"].notna()
+
+
+THROUGHPUT_APART = ("Ultra-Scale Playbook",)  # its own repeats disagree by more than 1.5x
+
+
+def group_table(out: pd.DataFrame) -> pd.DataFrame:
+    """Per source group: measured rows, coverage (share that gets a prediction), the model's
+    and the constant guess's median APE and share within +-20% (on the rows both predict), and
+    the model's figures on the held-out two thirds."""
+    measured = out[measured_rows(out)]
+    rows = []
+    for group, g in measured.groupby("source_group"):
+        predicted = g[g["error"] == ""]
+        both = predicted[predicted["guess_ape"].notna()]
+        held = predicted[~predicted["fit_set"]]
+        rows.append(
+            {
+                "source_group": group,
+                "measured": len(g),
+                "coverage_%": 100 * len(predicted) / len(g),
+                "model_median_ape_%": 100 * predicted["ape"].median(),
+                "model_within_20_%": 100 * (predicted["ape"] <= 0.2).mean(),
+                "guess_median_ape_%": 100 * both["guess_ape"].median(),
+                "model_median_ape_on_guess_rows_%": 100 * both["ape"].median(),
+                "guess_within_20_%": 100 * (both["guess_ape"] <= 0.2).mean(),
+                "held_out_rows": len(held),
+                "held_out_median_ape_%": 100 * held["ape"].median(),
+                "throughput_target": group not in THROUGHPUT_APART,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def headline(out: pd.DataFrame, groups: pd.DataFrame) -> dict[str, float]:
+    """The issue's figures: the median over groups of their median APE (each group once, the
+    Playbook apart), coverage, and the fits verdict on both kinds of status."""
+    targeted = groups[groups["throughput_target"]]
+    valid = out[out["error"] == ""]
+    ok = valid[valid["status"] == "ok"]
+    failed = valid[valid["status"].isin(["crash_or_oom", "oom"])]
+    measured = out[measured_rows(out)]
+    return {
+        "median_over_groups_%": float(targeted["model_median_ape_%"].median()),
+        "guess_median_over_groups_%": float(targeted["guess_median_ape_%"].median()),
+        "coverage_%": 100 * float((measured["error"] == "").mean()),
+        "ok_predicted_fit_%": 100 * float(ok["pred_fits"].astype(bool).mean()),
+        "failed_predicted_not_fit_%": 100 * float((~failed["pred_fits"].astype(bool)).mean()),
+    }

@@ -160,11 +160,14 @@ class Position(Choice):
 
 
 class Framework(Choice):
-    """Training frameworks whose launch settings autoconfig writes."""
+    """Training frameworks autoconfig models (profiles/frameworks/) and writes settings for."""
 
     MEGATRON = "megatron"
     NEMO = "nemo"
     TORCHTITAN = "torchtitan"
+    DEEPSPEED = "deepspeed"
+    NANOTRON = "nanotron"
+    COMPOSER = "composer"
 
 
 class FailureClass(Choice):

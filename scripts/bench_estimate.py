@@ -35,6 +35,7 @@ def layouts(n: int, seed: int = 0) -> pd.DataFrame:
             "vp": np.where(pp > 1, pick([1, 2, 3]), 1.0),
             "cp": cp,
             "ep": np.ones(n),
+            "etp": np.ones(n),
             "sp": (tp > 1).astype(float),
             "mbs": mbs,
             "recompute": np.array(["none", "selective", "full"])[rng.integers(0, 3, n)],

@@ -2,6 +2,8 @@
 
     python scripts/fit_profiles.py            # fit and write profiles/gpus/*.yaml
     python scripts/fit_profiles.py --dry-run  # print the constants only
+    python scripts/fit_profiles.py --save fit.json         # also keep what was fitted
+    python scripts/fit_profiles.py --apply fit.json        # write a kept fit, no refit
 
 The calibration subset is fixed: rows whose sha256(run_id) % 3 == 0 (autoconfig.validation.
 in_fit_set); scripts/validate_published.py reports errors on the other two thirds separately.
@@ -10,6 +12,7 @@ in_fit_set); scripts/validate_published.py reports errors on the other two third
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,73 +22,97 @@ import yaml
 from autoconfig import catalog, resources
 from autoconfig.fit import fit_memory, fit_time
 from autoconfig.frame import read_training_rows
-from autoconfig.validation import load_training_runs, measured_throughput
+from autoconfig.resolve import read_resolved
+from autoconfig.validation import THROUGHPUT_APART, load_training_runs, measured_throughput
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true")
-    args = parser.parse_args()
-
+def fitted() -> dict:
+    """The fitted constants by chip, the memory allowance and the counts their provenance
+    names."""
     runs = load_training_runs()
     fit_all = runs[runs["fit_set"]].reset_index(drop=True)  # failed runs inform memory only
     fit = fit_all[fit_all["status"] == "ok"].reset_index(drop=True)
     measured = measured_throughput(fit)
     start = {g.chip: g.efficiency for g in catalog.gpus().values()}
-    rows = read_training_rows(fit)
+    rows, _ = read_resolved(fit)
     chips = np.array(
         ["" if e else h.gpu.chip for h, e in zip(rows.hardware, rows.errors, strict=True)]
     )
-    constants, cost = fit_time(rows.inputs(), chips, measured.to_numpy(float), start)
+    # Each source group counts once, whatever its size; the Playbook sweep, whose own repeats
+    # disagree by more than 1.5x, is left to the memory fit and the ranking checks.
+    usable = measured.notna() & ~fit["source_group"].isin(THROUGHPUT_APART)
+    sizes = fit.loc[usable, "source_group"].value_counts()
+    weights = (1.0 / fit["source_group"].map(sizes)).where(usable, 0.0).to_numpy()
+    values = measured.where(usable).to_numpy(float)
+    constants, cost = fit_time(rows.inputs(), chips, values, start, weights=weights)
     mem_gb = pd.to_numeric(fit_all["measured_peak_mem_gb"], errors="coerce")
     all_rows = read_training_rows(fit_all)
     overhead, reserved = fit_memory(
         all_rows.inputs(), (all_rows.errors == "").to_numpy(), fit_all, mem_gb
     )
-    n_time = int(measured.notna().sum())
-    n_mem = int(mem_gb.notna().sum())
     groups = ", ".join(sorted(fit.loc[measured.notna(), "source_group"].unique()))
     print(
-        f"fitted on {n_time} throughput rows ({groups}); {n_mem} peak-memory rows; "
-        f"robust cost {cost:.3f}"
+        f"fitted on {int(measured.notna().sum())} throughput rows ({groups}); "
+        f"{int(mem_gb.notna().sum())} peak-memory rows; robust cost {cost:.3f}"
     )
-    for chip, values in constants.items():
-        print(chip, {k: round(v, 4) for k, v in values.items()})
-    print(f"memory_overhead={overhead:.4f} memory_reserved_gb={reserved:.3f}")
-    if args.dry_run:
-        return
+    return {
+        "constants": constants,
+        "memory_overhead": overhead,
+        "memory_reserved_gb": reserved,
+        "rows_by_chip": {
+            c: int((chips[measured.notna().to_numpy()] == c).sum()) for c in constants
+        },
+        "peak_rows": int(mem_gb.notna().sum()),
+        "status_rows": len(fit_all),
+    }
 
+
+def write_profiles(fit: dict) -> None:
+    """Writes the fitted constants into every GPU profile of a fitted family (a family without
+    published runs takes the h100 fit and says so; the CPU profile is calibrate's)."""
+    constants = fit["constants"]
     for path in sorted(Path(str(resources.profiles() / "gpus")).glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
         chip = data["chip"]
+        if chip == "cpu":  # the trainer's CPU profile is refitted from its own runs by calibrate
+            continue
         source_chip = chip if chip in constants else "h100"
         eff = data["efficiency"]
         eff.update({k: round(v, 5) for k, v in constants[source_chip].items()})
-        eff["memory_overhead"] = round(overhead, 5)
-        eff["memory_reserved_gb"] = round(reserved, 4)
-        rows = int(
-            (
-                fit.loc[measured.notna(), "gpu"].map(
-                    lambda n: (
-                        catalog.gpus().get(n.strip().lower())
-                        and catalog.gpus()[n.strip().lower()].chip
-                    )
-                )
-                == source_chip
-            ).sum()
-        )
+        eff["memory_overhead"] = round(fit["memory_overhead"], 5)
+        eff["memory_reserved_gb"] = round(fit["memory_reserved_gb"], 4)
         how = (
-            f"fitted by scripts/fit_profiles.py on {rows} published {source_chip} runs "
-            "(the sha256(run_id) % 3 == 0 third of ../shared/reference/training_runs.csv)"
+            f"fitted by scripts/fit_profiles.py on {fit['rows_by_chip'][source_chip]} published "
+            f"{source_chip} runs (the sha256(run_id) % 3 == 0 third of "
+            "../shared/reference/training_runs.csv, each source group weighted once)"
         )
         if source_chip != chip:
             how = f"copied from the {source_chip} fit: no published {chip} runs to fit on; " + how
         eff["provenance"] = how + (
-            f"; memory constants from {n_mem} measured peaks and the fits/does-not-fit status "
-            f"of {len(fit_all)} runs"
+            f"; memory constants from {fit['peak_rows']} measured peaks and the fits/does-not-fit "
+            f"status of {fit['status_rows']} runs"
         )
         Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
         print("wrote", path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--save", type=Path, help="keep the fit as JSON")
+    parser.add_argument("--apply", type=Path, help="write a kept fit without refitting")
+    args = parser.parse_args()
+    fit = json.loads(args.apply.read_text()) if args.apply else fitted()
+    for chip, values in fit["constants"].items():
+        print(chip, {k: round(v, 4) for k, v in values.items()})
+    print(
+        f"memory_overhead={fit['memory_overhead']:.4f} "
+        f"memory_reserved_gb={fit['memory_reserved_gb']:.3f}"
+    )
+    if args.save:
+        args.save.write_text(json.dumps(fit, indent=1))
+    if not args.dry_run:
+        write_profiles(fit)
 
 
 if __name__ == "__main__":

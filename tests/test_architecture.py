@@ -30,8 +30,9 @@ FLOORS: list[set[str]] = [
     {"specs"},
     {"catalog"},
     {"columns", "fit"},
+    {"frameworks"},
     {"frame"},
-    {"training", "trainer"},
+    {"resolve", "training", "trainer"},
     {"validation"},
     {"serve"},
     {"measure"},
@@ -100,9 +101,9 @@ def test_the_layering_check_sees_an_import_that_runs_back_up(tmp_path: Path) -> 
 # -- every dimension is wired through --------------------------------------------------------
 
 MODEL = "mixtral-8x7b"  # MoE, so expert parallelism means something
-BASE = {"dp": 2, "tp": 2, "pp": 2, "vp": 1, "cp": 1, "ep": 1, "sp": False, "mbs": 1}
+BASE = {"dp": 2, "tp": 2, "pp": 2, "vp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False, "mbs": 1}
 BASE |= {"recompute": "none", "recompute_layers": 0, "zero": 0}
-OTHER = {"dp": 1, "tp": 4, "pp": 4, "vp": 2, "cp": 2, "ep": 2, "sp": True, "mbs": 2}
+OTHER = {"dp": 1, "tp": 4, "pp": 4, "vp": 2, "cp": 2, "ep": 2, "etp": 2, "sp": True, "mbs": 2}
 OTHER |= {"recompute": "selective", "recompute_layers": 4, "zero": 1}
 
 
@@ -153,6 +154,9 @@ def test_dimension_is_declared_for_every_exporter(name: str, framework: Framewor
         try:
             text = exports.export(framework, row, 32, 64, 4096, "bf16")
         except UserError as exc:
-            assert framework.value in str(exc) and name in str(exc)
+            # the refusal names the framework and a dimension of the row it cannot run
+            named = [n for n in layout.NAMES if f" {n} " in f" {exc} "]
+            assert framework.value in str(exc) and named, str(exc)
+            assert all(exports.refuses(framework, n, row[n]) for n in named), str(exc)
         else:
             assert text

@@ -53,19 +53,25 @@ def test_flash_attention_removes_the_quadratic_term() -> None:
 
 
 def test_mixed_precision_adam_is_18_bytes_per_param() -> None:
-    w, g, o = state_bytes(np.float64(1.0), np.float64(64.0), np.float64(0.0))
+    # Without ZeRO every rank holds bf16 weights, fp32 gradients and 12 bytes of Adam state.
+    w, g, o = state_bytes(make_inputs(zero=0.0), np.float64(1.0), np.float64(64.0))
     assert float(w + g + o) == 18.0
 
 
 @pytest.mark.parametrize("d", [1, 2, 8, 64])
 def test_distributed_optimizer_is_6_plus_12_over_d(d: int) -> None:
-    w, g, o = state_bytes(np.float64(1.0), np.float64(d), np.float64(1.0))
+    w, g, o = state_bytes(make_inputs(zero=1.0), np.float64(1.0), np.float64(d))
     assert float(w + g + o) == pytest.approx(6 + 12 / d)
 
 
 def test_zero3_shards_everything() -> None:
-    w, g, o = state_bytes(np.float64(1.0), np.float64(8.0), np.float64(3.0))
+    w, g, o = state_bytes(make_inputs(zero=3.0), np.float64(1.0), np.float64(8.0))
     assert float(w + g + o) == pytest.approx(18 / 8)
+
+
+def test_fp8_parameters_halve_the_working_copy() -> None:
+    w, _, _ = state_bytes(make_inputs(zero=1.0, param_bytes=1.0), np.float64(1.0), np.float64(8.0))
+    assert float(w) == 1.0
 
 
 @pytest.mark.parametrize(("p", "m", "expected"), [(4, 16, 4), (8, 3, 3), (1, 8, 1)])

@@ -12,7 +12,7 @@ from autoconfig.cli.app import app
 from autoconfig.cli.options import read_csv
 from autoconfig.errors import UserError
 from autoconfig.report import files, terminal
-from autoconfig.vocab import Precision, Recompute, ZeroStage
+from autoconfig.vocab import Framework, Precision, Recompute, ZeroStage
 
 
 @app.command()
@@ -37,6 +37,9 @@ def estimate(
     ),
     precision: Precision = typer.Option(Precision.BF16, help="training precision"),
     flash: bool = typer.Option(True, "--flash/--no-flash", help="flash attention"),
+    framework: Framework = typer.Option(
+        Framework.MEGATRON, help="the framework that runs it (what it overlaps and fuses)"
+    ),
     gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
     runs: Path = typer.Option(None, help="CSV of runs (reference columns) to estimate in batch"),
     out: Path = typer.Option(None, help="with --runs: where to write predictions CSV"),
@@ -67,5 +70,6 @@ def estimate(
         precision=precision.value,
         flash_attention=flash,
         gpus_per_node=gpus_per_node,
+        framework=framework.value,
     )
     terminal.print_view(terminal.estimate_view(result.iloc[0]))

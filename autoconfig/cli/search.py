@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from autoconfig import api, layout
+from autoconfig import api, catalog, layout
 from autoconfig.cli.app import app
 from autoconfig.cli.options import MEASURE, measure_options, on_cpu
 from autoconfig.errors import UserError
@@ -50,7 +50,12 @@ def search(
     tokens: float = typer.Option(None, help="training tokens: show days (and cost) to train"),
     gpu_hour_usd: float = typer.Option(None, help="price of one GPU-hour, with --tokens"),
     out: Path = typer.Option(None, help="folder for results.csv, best.json, report.html"),
-    emit: Framework = typer.Option(None, help="print the best as megatron/nemo/torchtitan"),
+    framework: Framework = typer.Option(
+        None,
+        help="the framework that will run it: its layouts, overlaps and fused kernels "
+        "(default: the --emit framework, else megatron)",
+    ),
+    emit: Framework = typer.Option(None, help="print the best as that framework's settings"),
     measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
     trials: int = typer.Option(8, help="finished trials to run", rich_help_panel=MEASURE),
     sampler: Sampler = typer.Option(
@@ -102,6 +107,9 @@ def search(
         if resume:
             raise UserError("out: --resume needs the --out folder of the search to continue")
         out = Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
+    framework = framework or emit or Framework.MEGATRON
+    catalog.get_gpu(gpu)  # an unknown name is one line before any work starts
+    catalog.get_framework(framework.value)
     print(f"searching {model} on {gpus} GPUs ...", file=sys.stderr)
     result = api.search(
         model,
@@ -118,6 +126,7 @@ def search(
         max_memory_gb=max_memory_gb,
         memory_headroom=memory_headroom,
         gpus_per_node=gpus_per_node,
+        framework=framework.value,
     )
     if measure:
         raise typer.Exit(_measure(result, model, gpu, measure_options(locals(), cpu)))

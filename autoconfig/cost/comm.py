@@ -39,8 +39,11 @@ def group_link(x: CostInputs, size: Col, stride: Col) -> Link:
 
 
 def all_reduce(nbytes: Col, size: Col, link: Link) -> Col:
+    """Ring bandwidth; latency of the better of a ring (2(n-1) steps) and NCCL's double
+    binary tree (2 log2 n steps), as NCCL picks per size."""
     steps = 2.0 * (size - 1.0)
-    return np.where(size > 1, steps / size * nbytes / link.bandwidth + steps * link.latency, 0.0)
+    latency = np.minimum(steps, 2.0 * np.log2(np.maximum(size, 1.0))) * link.latency
+    return np.where(size > 1, steps / size * nbytes / link.bandwidth + latency, 0.0)
 
 
 def all_gather(nbytes: Col, size: Col, link: Link) -> Col:
@@ -50,7 +53,28 @@ def all_gather(nbytes: Col, size: Col, link: Link) -> Col:
 
 
 reduce_scatter = all_gather
-all_to_all = all_gather
+
+
+def expert_dispatch(x: CostInputs, copy_bytes: Col, copies: Col, size: Col, stride: Col) -> Col:
+    """One MoE dispatch (or combine): each token sends `copies` copies of `copy_bytes` to the
+    experts of `size` ranks spaced `stride` apart. Copies for ranks in the same NVLink domain
+    move over NVLink; copies for other domains leave through this GPU's own NIC (all-to-all
+    traffic cannot be spread over the node's other NICs the way ring collectives are). With
+    deduplication (DeepEP, HybridEP) a token crosses the network once per remote domain its
+    experts sit in, then fans out over NVLink (DeepSeek-AI 2025, DeepEP README)."""
+    near = np.clip(np.floor(x.gpus_per_node / stride), 1.0, size)
+    domains = np.maximum(size / near, 1.0)
+    nvlink = x.intra_bytes_s * x.eff_intra
+    nic = np.minimum(nvlink, x.inter_bytes_s * x.eff_inter)
+    per_copy = (domains - 1.0) / domains
+    remote_plain = copies * per_copy
+    # Uniform routing: a remote domain receives the token when one of its copies lands there.
+    remote_dedup = (domains - 1.0) * (1.0 - np.power(1.0 - 1.0 / domains, copies))
+    remote = np.where(x.ep_dedup > 0, np.minimum(remote_dedup, remote_plain), remote_plain)
+    local = copies * (near - 1.0) / size + np.where(x.ep_dedup > 0, copies * per_copy, 0.0)
+    latency = np.where(domains > 1, x.lat_inter_s, x.lat_intra_s)
+    time = (local / nvlink + remote / nic) * copy_bytes + latency
+    return np.where(size > 1, time, 0.0)
 
 
 def p2p(nbytes: Col, link: Link) -> Col:
@@ -68,10 +92,6 @@ def cp_link(x: CostInputs) -> Link:
 def dp_link(x: CostInputs) -> Link:
     """Gradient reduction runs over dp*cp ranks (CP ranks hold the same weights)."""
     return group_link(x, x.dp * x.cp, x.tp)
-
-
-def ep_link(x: CostInputs) -> Link:
-    return group_link(x, x.ep, x.tp * x.cp)
 
 
 def pp_link(x: CostInputs) -> Link:

@@ -23,13 +23,14 @@ PREDICTION_COLUMNS = (
 
 def evaluate(x: CostInputs) -> dict[str, Col]:
     """Predictions and their breakdowns, one array per column (all of length N)."""
-    ops, params = layer_ops(x), stage_params(x)  # shared by every part below
+    ops = layer_ops(x)  # shared by every part below
+    params = stage_params(x, ops)
     mem = memory(x, ops, params)
     time = step_time(x, ops, params)
     step = time.total
     num_gpus = x.dp * x.tp * x.pp * x.cp
     tokens_per_gpu = x.gbs * x.seq / (step * num_gpus)
-    tflops = model_flops_per_token(x, ops) * tokens_per_gpu
+    tflops = model_flops_per_token(x) * tokens_per_gpu
     peak = mem.total / GIB
     out = {
         "pred_step_time_s": step,

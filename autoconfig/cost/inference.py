@@ -33,7 +33,7 @@ import numpy as np
 
 from autoconfig.cost import comm
 from autoconfig.cost.inputs import SWIGLU, Col, CostInputs
-from autoconfig.cost.layer import Op, head_ops, layer_ops
+from autoconfig.cost.layer import Op, head_ops, layer_ops, mlp_widths
 from autoconfig.cost.memory import stage_params
 from autoconfig.cost.timing import kernel_count
 from autoconfig.vocab import GIB
@@ -68,7 +68,7 @@ class ServeInputs:
 
 def _gemm(s: ServeInputs, op: Op, tokens: Col, weight_share: Col | float = 1.0) -> Col:
     x = s.x
-    act = np.where(x.fp8 > 0, 1.0, 2.0)
+    act = x.gemm_bytes
     # op.weight_bytes counts 16-bit weights; weight-only quantisation reads fewer.
     weights = op.weight_bytes * (s.weight_bytes / 2.0) * weight_share
     traffic = act * tokens * (op.gemm_k + op.gemm_n) + weights
@@ -126,7 +126,7 @@ def _layer_phase(
     work = attention
     for op in ops:
         if op.kind == "gemm":
-            share = expert_share if op.name in ("mlp_up", "mlp_down") else 1.0
+            share = expert_share if op.routed else 1.0
             work = work + _gemm(s, op, tokens, share)
         elif op.kind == "memory":
             work = work + op.moved * tokens / (x.hbm_bytes_s * s.eff_memory)
@@ -150,12 +150,11 @@ def _head_phase(s: ServeInputs, sequences: Col) -> Phase:
 
 
 def _expert_share(x: CostInputs, tokens: Col) -> Col:
-    """Fraction of the MLP weights a step reads: all for dense layers; for MoE the expected
-    distinct routed experts plus the shared ones."""
+    """Fraction of the routed experts' weights a step reads: the expected distinct experts its
+    tokens are routed to."""
     experts = np.maximum(x.experts, 1.0)
     touched = experts * (1.0 - np.power(1.0 - np.minimum(x.topk / experts, 1.0), tokens))
-    share = (touched + x.shared_experts) / (experts + x.shared_experts)
-    return np.where(x.experts > 0, np.minimum(share, 1.0), 1.0)
+    return np.where(x.experts > 0, np.minimum(touched / experts, 1.0), 1.0)
 
 
 @dataclass(frozen=True)
@@ -226,14 +225,12 @@ def serve_memory(s: ServeInputs) -> ServeMemory:
     allowance of the GPU profile."""
     x = s.x
     p = stage_params(x)
-    weights = (np.maximum(p.dense_first, p.dense_last) + p.expert) * s.weight_bytes
+    weights = (np.maximum(p.dense_first, p.dense_last) + p.expert_last) * s.weight_bytes
     per_stage = np.ceil(x.layers / x.pp)
     kv = kv_bytes_per_token(s, per_stage) * s.batch * (s.input_len + s.output_len)
     mb = np.ceil(s.batch / np.minimum(x.pp, s.batch))
     q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
-    up = np.where(x.mlp_kind == SWIGLU, 2.0, 1.0) * np.where(
-        x.experts > 0, x.expert_ffn * (x.topk + x.shared_experts), x.ffn
-    )
+    up = np.where(x.mlp_kind == SWIGLU, 2.0, 1.0) * sum(mlp_widths(x))
     widest = np.maximum(q_width + 2.0 * kv_width, up) / x.tp
     activations = mb * s.input_len * 2.0 * (2.0 * x.hidden + widest) + 4.0 * mb * x.vocab / x.tp
     overhead = x.mem_overhead * (weights + kv + activations) + x.mem_reserved_gb * GIB

@@ -47,7 +47,25 @@ class CostInputs:
     experts: Col
     topk: Col
     expert_ffn: Col
-    shared_experts: Col
+    shared_ffn: Col  # width of the always-on experts together
+    moe_latent: Col  # latent width MoE tokens are projected to (0: none)
+    # which blocks an average layer has (hybrid models, dense layers before MoE ones)
+    attn_share: Col
+    mlp_share: Col
+    moe_share: Col  # of the MLP blocks, the share that are MoE
+    mamba_share: Col
+    # multi-head latent attention (0 when the model has none)
+    q_lora: Col
+    kv_lora: Col
+    rope_dim: Col
+    v_dim: Col
+    window: Col  # sliding-window span (0: none)
+    window_share: Col  # share of layers attending within it
+    mamba_heads: Col
+    mamba_head_dim: Col
+    mamba_state: Col
+    mamba_groups: Col
+    mtp: Col  # multi-token-prediction blocks on the last stage
     # hardware
     peak_flops: Col  # FLOP/s at the run's precision
     hbm_bytes_s: Col
@@ -66,6 +84,7 @@ class CostInputs:
     gpus_per_node: Col
     intra_bytes_s: Col
     inter_bytes_s: Col
+    gemm_bytes: Col  # bytes per GEMM operand element at the run's precision
     # layout
     dp: Col
     tp: Col
@@ -73,6 +92,7 @@ class CostInputs:
     vp: Col
     cp: Col
     ep: Col
+    etp: Col
     sp: Col
     mbs: Col
     gbs: Col
@@ -80,9 +100,18 @@ class CostInputs:
     recompute: Col
     recompute_layers: Col  # layers per stage fully recomputed (full recompute only)
     zero: Col
-    fp8: Col
+    # what the framework does (columns.Behaviour, from its profile)
     flash: Col
     overlap_grad_reduce: Col
+    overlap_param_gather: Col
+    tp_overlap: Col  # TP collectives overlapped with the GEMMs they feed (needs SP)
+    p2p_overlap: Col  # pipeline sends overlapped with compute (interleaved schedules)
+    cuda_graphs: Col  # kernel launches replayed from a captured graph
+    fused_kernels: Col  # Transformer Engine-style fused activations (SwiGLU keeps its input)
+    ep_dedup: Col  # MoE dispatch sends a token once per node, fanned out over NVLink
+    param_bytes: Col  # bytes per parameter of the working weight copy (1 with fp8 params)
+    grad_comm_bytes: Col  # bytes per gradient element reduced over data parallelism
+    optim_bytes: Col  # optimizer bytes per parameter (fp32 master + Adam moments)
     # 1 where SP's all-gathered block inputs are saved for backward (torch DTensor, the
     # bundled trainer); 0 where only the shard is and backward re-gathers (Megatron-LM).
     sp_saves_gathered: Col
@@ -92,6 +121,14 @@ class CostInputs:
     def n(self) -> int:
         shapes = [np.shape(getattr(self, f.name)) for f in fields(self)]
         return int(np.prod(np.broadcast_shapes(*shapes)))
+
+    def take(self, rows: np.ndarray) -> CostInputs:
+        """The inputs of the given rows (scalar columns stay scalars)."""
+        values = {}
+        for f in fields(self):
+            col = getattr(self, f.name)
+            values[f.name] = col if np.ndim(col) == 0 else np.broadcast_to(col, (self.n,))[rows]
+        return CostInputs(**values)
 
     @classmethod
     def from_columns(cls, cols: Mapping[str, object]) -> CostInputs:
@@ -108,8 +145,23 @@ class CostInputs:
 
 
 # Framework-behaviour flags and their Megatron-LM values (overlapped gradient reduction,
-# sequence parallelism saving only the shard).
-OPTIONAL_COLUMNS = {"overlap_grad_reduce": 1.0, "sp_saves_gathered": 0.0}
+# sequence parallelism saving only the shard, bf16 working weights, fp32 gradients reduced,
+# fp32 master weights with fp32 Adam moments), and the architecture columns of plain dense
+# transformers.
+OPTIONAL_COLUMNS = {
+    "overlap_grad_reduce": 1.0,
+    "overlap_param_gather": 0.0,
+    "tp_overlap": 0.0,
+    "p2p_overlap": 0.0,
+    "cuda_graphs": 0.0,
+    "fused_kernels": 0.0,
+    "ep_dedup": 0.0,
+    "param_bytes": 2.0,
+    "grad_comm_bytes": 4.0,
+    "optim_bytes": 12.0,
+    "sp_saves_gathered": 0.0,
+    "etp": 1.0,
+}
 
 
 def stage_layers(x: CostInputs) -> Col:

@@ -3,7 +3,13 @@
 Each `Op` gives, per token of one micro-batch on one rank, its forward FLOPs, the bytes it
 saves for backward, the bytes a memory-bound kernel moves, and the GEMM shape. FLOPs
 (flops.py), activation memory (memory.py) and time (timing.py) all sum over this list, so
-GQA, SwiGLU, MoE top-k, dropout and flash-vs-unfused attention are each handled here once.
+GQA, multi-head latent attention, SwiGLU, MoE top-k, shared experts, sliding windows, hybrid
+Mamba blocks, dropout and flash-vs-unfused attention are each handled here once.
+
+The list describes the *average* layer: a model whose layers differ (dense layers before MoE
+ones, MoE on every other layer, Mamba blocks between attention blocks) weighs each block's ops
+by the share of layers that have it (the `*_share` columns), so a stage of n layers costs n
+average layers.
 
 Saved-tensor accounting follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in
 Large Transformer Models", arXiv 2205.05198, Sec. 4): for a GPT layer, 16-bit, with dropout
@@ -11,6 +17,8 @@ and unfused attention, 34 bytes per token per hidden unit plus 5*a*s bytes per t
 attention scores; 24 of the 34 are sharded by TP, the other 10 (norms, dropout masks, GEMM
 inputs after norms) only with sequence parallelism. Llama-style layers are derived the same way
 from what PyTorch autograd saves for each op (RMSNorm input, the three SwiGLU tensors, ...).
+GEMM inputs are saved in the GEMM's format (1 byte with fp8 recipes, half a byte plus scales
+with nvfp4: Transformer Engine keeps the quantized copy for backward).
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import numpy as np
 from autoconfig.cost.inputs import SQUARED_RELU, SWIGLU, Col, CostInputs
 
 ZERO = np.float64(0.0)
+SSD_CHUNK = 256.0  # tokens per chunk of Mamba-2's SSD scan (mamba_ssm's default chunk_size)
+MAMBA_CONV_KERNEL = 4.0  # Mamba-2's causal convolution width (d_conv = 4 in every release)
 
 
 @dataclass(frozen=True)
@@ -35,98 +45,184 @@ class Op:
     moved: Col | float = ZERO  # bytes read+written per token by a memory-bound kernel (fwd)
     gemm_k: Col | float = ZERO  # GEMM reduction dim per rank
     gemm_n: Col | float = ZERO  # GEMM output dim per rank
-    weight_bytes: Col | float = ZERO  # GEMM weight bytes read once per micro-batch
-    kernels: float = 1.0  # forward kernel launches
+    weight_bytes: Col | float = ZERO  # 16-bit GEMM weight bytes read once per micro-batch
+    kernels: Col | float = 1.0  # forward kernel launches
     dropped_by_selective: bool = False  # saved tensors recomputed under selective recompute
     bwd_factor: float = 2.0  # backward FLOPs / forward FLOPs
+    routed: bool = False  # routed-expert weights: a step reads only the experts it routes to
+    params: Col | float = ZERO  # parameters outside GEMM weights on one rank (norm scales, ...)
 
 
-def _sp_div(x: CostInputs) -> Col:
+def sp_div(x: CostInputs) -> Col:
     """Divisor for norm/dropout regions: tp with sequence parallelism, 1 without."""
     return np.where(x.sp > 0, x.tp, 1.0)
 
 
-def _act_bytes(x: CostInputs) -> Col:
-    """Bytes per element of a saved GEMM input: fp8 recipes keep the fp8 cast for backward."""
-    return np.where(x.fp8 > 0, 1.0, 2.0)
+def mlp_widths(x: CostInputs) -> tuple[Col, Col, Col]:
+    """Per token, before TP: (width of the dense MLP, of the routed experts it visits, of the
+    shared experts), each weighted by the share of layers that have it."""
+    dense = x.mlp_share * (1.0 - x.moe_share) * x.ffn
+    routed = x.mlp_share * x.moe_share * x.topk * x.expert_ffn
+    shared = x.mlp_share * x.moe_share * x.shared_ffn
+    return dense, routed, shared
 
 
-def _mlp_widths(x: CostInputs) -> tuple[Col, Col]:
-    """(MLP width a token passes through, width of the up projection): a dense layer, or
-    top-k routed plus shared experts; gated MLPs project up twice (gate and up)."""
-    width = np.where(x.experts > 0, x.expert_ffn * (x.topk + x.shared_experts), x.ffn)
-    return width, np.where(x.mlp_kind == SWIGLU, 2.0, 1.0) * width
+def attention_widths(x: CostInputs) -> tuple[Col, Col, Col]:
+    """(q·k width, value width, K/V projection output width) per token, all heads, before TP:
+    standard attention projects q, k, v of head_dim; multi-head latent attention adds a
+    decoupled rotary part to q and k and has its own value width."""
+    mla = x.kv_lora > 0
+    qk = x.heads * (x.head_dim + x.rope_dim)
+    v = x.heads * np.where(mla, x.v_dim, x.head_dim)
+    return qk, v, np.where(mla, qk - x.heads * x.rope_dim + v, 2.0 * x.kv_heads * x.head_dim)
+
+
+def attention_span(x: CostInputs) -> Col:
+    """Keys each query attends to, as a full-sequence equivalent: causal attention averages
+    s/2 keys (timing halves the full count), a sliding window of w keys min(w, s/2)."""
+    window = np.where(x.window > 0, 2.0 * np.minimum(x.window, x.seq / 2.0), x.seq)
+    return x.window_share * window + (1.0 - x.window_share) * x.seq
+
+
+def _column_parallel(
+    name: str, k: Col, n: Col, share: Col, t: Col, saved: Col, kernels: Col | None = None
+) -> Op:
+    """A GEMM of a (k x n) weight split over t ranks on its output side, weighted by the share
+    of layers that have it; `saved` is what it keeps of its input for backward."""
+    return Op(
+        name,
+        "gemm",
+        flops=share * 2.0 * k * n / t,
+        saved=saved,
+        gemm_k=k,
+        gemm_n=n / t,
+        weight_bytes=share * 2.0 * k * n / t,
+        kernels=np.where(share > 0, 1.0, 0.0) if kernels is None else kernels,
+    )
+
+
+def norm_params(x: CostInputs) -> Col:
+    """Parameters of one norm: a scale (and a bias for LayerNorm) per hidden unit."""
+    return np.where(x.layernorm > 0, 2.0, 1.0) * x.hidden
 
 
 def layer_ops(x: CostInputs) -> list[Op]:
-    """The operations of one transformer layer for every candidate in `x`."""
-    t, sp = x.tp, _sp_div(x)
-    h, f = x.hidden, x.ffn
+    """The operations of one (average) layer for every candidate in `x`."""
+    return attention_ops(x) + mlp_ops(x) + mamba_ops(x)
+
+
+def attention_ops(x: CostInputs) -> list[Op]:
+    t, sp, h, a = x.tp, sp_div(x), x.hidden, x.attn_share
     # What the column-parallel GEMMs after a norm keep: the shard, or the gathered input.
     gathered_in = np.where(x.sp_saves_gathered > 0, 1.0, sp)
-    q_width = x.heads * x.head_dim
-    kv_width = x.kv_heads * x.head_dim
-    gemm_in = _act_bytes(x)
-    moe = x.experts > 0
+    gemm_in = x.gemm_bytes
     norm_saved = np.where(x.layernorm > 0, 2.0 * h + 8.0, 2.0 * h + 4.0)  # input + fp32 stats
-    # Attention scores exist only without flash attention; s is the full sequence (with CP a
-    # rank's queries still attend to all keys).
-    s = x.seq
+    qk, v, kv_out = attention_widths(x)
+    mla = x.kv_lora > 0
+    # Multi-head latent attention: down-projections to the latents (replicated over TP, as
+    # Megatron-Core's MLA keeps them), then column-parallel up-projections.
+    q_down = np.where(mla & (x.q_lora > 0), x.q_lora, 0.0)
+    kv_down = np.where(mla, x.kv_lora + x.rope_dim, 0.0)
+    q_in = np.where(q_down > 0, q_down, h)
+    kv_in = np.where(mla, x.kv_lora, h)
+    s = x.seq  # with CP a rank's queries still attend to all keys
+    span = attention_span(x)
     unfused = 1.0 - x.flash
-    scores = unfused * (2.0 + 3.0 * x.dropout) * x.heads * s / t  # softmax out, mask, dropout out
-    lse = x.flash * 4.0 * x.heads / t  # flash keeps fp32 log-sum-exp per head
-
-    mlp_width, up_width = _mlp_widths(x)
-    gated = x.mlp_kind == SWIGLU
-    act_saved = np.select([gated, x.mlp_kind == SQUARED_RELU], [6.0, 2.0], 2.0) * mlp_width
-    act_moved = np.where(gated, 6.0, 4.0) * mlp_width  # read input(s), write output, 2 B each
-    mlp_weights = np.where(moe, x.expert_ffn * (x.experts + x.shared_experts), f)
-
+    heads = x.heads / t
+    scores = unfused * (2.0 + 3.0 * x.dropout) * heads * s  # softmax out, mask, dropout out
+    lse = x.flash * 4.0 * heads  # flash keeps fp32 log-sum-exp per head
     return [
-        Op("attn_norm", "memory", saved=norm_saved / sp, moved=4.0 * h / sp),
         Op(
-            "qkv_proj",
+            "attn_norm",
+            "memory",
+            saved=a * norm_saved / sp,
+            moved=a * 4.0 * h / sp,
+            kernels=a,
+            params=a * norm_params(x),
+        ),
+        Op(
+            "latent_down",
             "gemm",
-            flops=2.0 * h * (q_width + 2 * kv_width) / t,
-            saved=gemm_in * h / gathered_in,
+            flops=a * 2.0 * h * (q_down + kv_down),
+            saved=a * gemm_in * h / gathered_in * mla,
             gemm_k=h,
-            gemm_n=(q_width + 2 * kv_width) / t,
-            weight_bytes=2.0 * h * (q_width + 2 * kv_width) / t,
+            gemm_n=q_down + kv_down,
+            weight_bytes=a * 2.0 * h * (q_down + kv_down),
+            kernels=np.where(mla, 2.0 * a, 0.0),
+        ),
+        # Standard attention runs q, k and v as one fused GEMM (one kernel, one saved input).
+        _column_parallel("q_proj", q_in, qk, a, t, a * gemm_in * q_in / gathered_in),
+        _column_parallel(
+            "kv_proj", kv_in, kv_out, a, t, a * gemm_in * kv_in / gathered_in * mla, a * mla
         ),
         Op(
             "rope",
             "memory",
-            moved=x.rope * 4.0 * (q_width + kv_width) / t,
-            kernels=2.0,
+            moved=a * x.rope * 4.0 * (qk + np.where(mla, x.rope_dim, kv_out / 2.0)) / t,
+            kernels=2.0 * a * x.rope,
         ),
         Op(
             "attention",
             "attention",
-            flops=4.0 * s * q_width / t,
-            saved=(2.0 * q_width + 4.0 * kv_width) / t,
-            kernels=1.0 + 3.0 * unfused,
+            flops=a * 2.0 * span * (qk + v) / t,
+            # q, k and v (MLA's keys carry the rotary part for every head)
+            saved=a * 2.0 * (qk + kv_out + mla * x.heads * x.rope_dim) / t,
+            kernels=a * (1.0 + 3.0 * unfused),
             bwd_factor=2.5,
         ),
         # Flash attention's softmax statistics: recomputed with the core under selective.
-        Op("attention_lse", "memory", saved=lse, kernels=0.0, dropped_by_selective=True),
+        Op("attention_lse", "memory", saved=a * lse, kernels=0.0, dropped_by_selective=True),
         Op(
             "attention_scores",
             "memory",
-            saved=scores,
-            moved=unfused * 8.0 * x.heads * s / t,
+            saved=a * scores,
+            moved=a * unfused * 8.0 * heads * s,
             dropped_by_selective=True,
         ),
         Op(
             "out_proj",
             "gemm",
-            flops=2.0 * q_width * h / t,
-            saved=gemm_in * q_width / t,
-            gemm_k=q_width / t,
+            flops=a * 2.0 * v * h / t,
+            saved=a * gemm_in * v / t,
+            gemm_k=v / t,
             gemm_n=h,
-            weight_bytes=2.0 * q_width * h / t,
+            weight_bytes=a * 2.0 * v * h / t,
+            kernels=a,
         ),
-        Op("attn_residual", "memory", saved=x.dropout * h / sp, moved=6.0 * h / sp),
-        Op("mlp_norm", "memory", saved=norm_saved / sp, moved=4.0 * h / sp),
+        Op("attn_residual", "memory", saved=a * x.dropout * h / sp, moved=a * 6.0 * h / sp),
+    ]
+
+
+def mlp_ops(x: CostInputs) -> list[Op]:
+    """Norm, router, dense MLP, routed experts and shared experts of an average layer. Expert
+    weights are split over etp ranks (expert tensor parallelism; the dense parts over tp)."""
+    t, sp, h, m = x.tp, sp_div(x), x.hidden, x.mlp_share
+    gathered_in = np.where(x.sp_saves_gathered > 0, 1.0, sp)
+    gemm_in = x.gemm_bytes
+    norm_saved = np.where(x.layernorm > 0, 2.0 * h + 8.0, 2.0 * h + 4.0)
+    gate = np.where(x.mlp_kind == SWIGLU, 2.0, 1.0)
+    moe = x.moe_share * m
+    dense_w, routed_w, shared_w = mlp_widths(x)
+    et = x.etp
+    # Latent MoE projects tokens to a narrower width before dispatch and back after.
+    expert_h = np.where(x.moe_latent > 0, x.moe_latent, h)
+    latent = np.where(x.moe_latent > 0, moe, 0.0)
+    act_in = (dense_w + shared_w) / t + routed_w / et  # MLP width one token passes on a rank
+    # SwiGLU keeps gate, up and silu(gate) in eager PyTorch; a fused kernel (Transformer
+    # Engine, torch.compile) keeps only its input and recomputes silu in backward.
+    swiglu = np.where(x.fused_kernels > 0, 4.0, 6.0)
+    act_saved = np.select([x.mlp_kind == SWIGLU, x.mlp_kind == SQUARED_RELU], [swiglu, 2.0], 2.0)
+    act_moved = np.where(x.mlp_kind == SWIGLU, 6.0, 4.0)
+    all_routed = x.experts * x.expert_ffn  # weights of every expert, read by a full step
+    return [
+        Op(
+            "mlp_norm",
+            "memory",
+            saved=m * norm_saved / sp,
+            moved=m * 4.0 * h / sp,
+            kernels=m,
+            params=m * norm_params(x),
+        ),
         Op(
             "router",
             "gemm",
@@ -135,27 +231,158 @@ def layer_ops(x: CostInputs) -> list[Op]:
             gemm_k=h,
             gemm_n=x.experts,
             weight_bytes=moe * 2.0 * h * x.experts,
+            kernels=np.where(moe > 0, 3.0, 0.0),  # logits, top-k, permute
+        ),
+        # Tokens copied to their experts' order and back (permute / unpermute): each reads and
+        # writes the token and its top-k copies.
+        Op(
+            "moe_permute",
+            "memory",
+            moved=moe * 4.0 * (x.topk + 1.0) * expert_h,
+            kernels=np.where(moe > 0, 2.0, 0.0),
+        ),
+        Op(
+            "latent_proj",
+            "gemm",
+            flops=latent * 4.0 * h * expert_h,
+            saved=latent * gemm_in * (h + expert_h),
+            gemm_k=h,
+            gemm_n=expert_h,
+            weight_bytes=latent * 4.0 * h * expert_h,
+            kernels=np.where(latent > 0, 2.0, 0.0),
         ),
         Op(
             "mlp_up",
             "gemm",
-            flops=2.0 * h * up_width / t,
-            saved=gemm_in * h / gathered_in,
+            flops=2.0 * h * gate * dense_w / t,
+            saved=(m - moe) * gemm_in * h / gathered_in,
             gemm_k=h,
-            gemm_n=up_width / t,
-            weight_bytes=2.0 * h * np.where(gated, 2.0, 1.0) * mlp_weights / t,
+            gemm_n=gate * x.ffn / t,
+            weight_bytes=2.0 * h * gate * dense_w / t,
+            kernels=np.where(m - moe > 0, 1.0, 0.0),
         ),
-        Op("activation", "memory", saved=act_saved / t, moved=act_moved / t),
         Op(
             "mlp_down",
             "gemm",
-            flops=2.0 * mlp_width * h / t,
-            saved=gemm_in * mlp_width / t,
-            gemm_k=mlp_width / t,
+            flops=2.0 * dense_w * h / t,
+            saved=gemm_in * dense_w / t,
+            gemm_k=x.ffn / t,
             gemm_n=h,
-            weight_bytes=2.0 * mlp_weights * h / t,
+            weight_bytes=2.0 * dense_w * h / t,
+            kernels=np.where(m - moe > 0, 1.0, 0.0),
         ),
-        Op("mlp_residual", "memory", saved=x.dropout * h / sp, moved=6.0 * h / sp),
+        Op(
+            "expert_up",
+            "gemm",
+            flops=2.0 * expert_h * gate * routed_w / et,
+            saved=moe * gemm_in * expert_h * x.topk,  # each routed copy of the token
+            gemm_k=expert_h,
+            gemm_n=gate * x.expert_ffn / et,
+            weight_bytes=moe * 2.0 * expert_h * gate * all_routed / (et * x.ep),
+            kernels=np.where(moe > 0, 1.0, 0.0),  # one grouped GEMM
+            routed=True,
+        ),
+        Op(
+            "expert_down",
+            "gemm",
+            flops=2.0 * routed_w * expert_h / et,
+            saved=gemm_in * routed_w / et,
+            gemm_k=x.expert_ffn / et,
+            gemm_n=expert_h,
+            weight_bytes=moe * 2.0 * all_routed * expert_h / (et * x.ep),
+            kernels=np.where(moe > 0, 1.0, 0.0),
+            routed=True,
+        ),
+        Op(
+            "shared_up",
+            "gemm",
+            flops=2.0 * h * gate * shared_w / t,
+            saved=np.where(x.shared_ffn > 0, moe, 0.0) * gemm_in * h / gathered_in,
+            gemm_k=h,
+            gemm_n=gate * x.shared_ffn / t,
+            weight_bytes=2.0 * h * gate * shared_w / t,
+            kernels=np.where(shared_w > 0, 1.0, 0.0),
+        ),
+        Op(
+            "shared_down",
+            "gemm",
+            flops=2.0 * shared_w * h / t,
+            saved=gemm_in * shared_w / t,
+            gemm_k=x.shared_ffn / t,
+            gemm_n=h,
+            weight_bytes=2.0 * shared_w * h / t,
+            kernels=np.where(shared_w > 0, 1.0, 0.0),
+        ),
+        Op(
+            "activation",
+            "memory",
+            saved=act_saved * act_in,
+            moved=act_moved * act_in,
+            kernels=np.where(m > 0, 1.0, 0.0),
+        ),
+        Op("mlp_residual", "memory", saved=m * x.dropout * h / sp, moved=m * 6.0 * h / sp),
+    ]
+
+
+def mamba_ops(x: CostInputs) -> list[Op]:
+    """A Mamba-2 block (Dao and Gu 2024, Sec. 6-7): in-projection to z, x, B, C and dt, a short
+    causal convolution, the chunked SSD scan and a gated norm, out-projection; heads and the
+    inner width split over TP, as Megatron-Core's MambaMixer does."""
+    t, sp, h, b = x.tp, sp_div(x), x.hidden, x.mamba_share
+    inner, heads = x.mamba_heads * x.mamba_head_dim, x.mamba_heads
+    bc = 2.0 * x.mamba_groups * x.mamba_state
+    in_width = 2.0 * inner + bc + heads
+    conv = inner + bc
+    # SSD: within a chunk of Q tokens a masked (Q x Q) attention-like product over the state,
+    # between chunks a state update: per token ~2Q(N + P) + 6NP FLOPs per head (N state, P
+    # head width).
+    ssd = heads * (2.0 * SSD_CHUNK * (x.mamba_state + x.mamba_head_dim))
+    ssd = ssd + heads * 6.0 * x.mamba_state * x.mamba_head_dim
+    present = np.where(b > 0, 1.0, 0.0)
+    return [
+        Op(
+            "mamba_norm",
+            "memory",
+            saved=b * 2.0 * h / sp,
+            moved=b * 4.0 * h / sp,
+            kernels=b,
+            params=b * norm_params(x),
+        ),
+        _column_parallel("mamba_in", h, in_width, b, t, b * x.gemm_bytes * h),
+        Op(
+            "mamba_conv",
+            "memory",
+            saved=b * 2.0 * conv / t,
+            moved=b * 4.0 * conv / t,
+            kernels=present,
+            # the convolution's kernels and biases, and the per-head A, D and dt bias
+            params=b * (conv * (MAMBA_CONV_KERNEL + 1.0) + 3.0 * heads) / t,
+        ),
+        Op(
+            "ssd_scan",
+            "attention",
+            flops=b * ssd / t,
+            saved=b * 2.0 * (inner + bc + heads) / t,
+            kernels=4.0 * present,
+            bwd_factor=2.0,
+        ),
+        Op(
+            "mamba_gate_norm",
+            "memory",
+            saved=b * 4.0 * inner / t,
+            moved=b * 6.0 * inner / t,
+            params=b * inner / t,
+        ),
+        Op(
+            "mamba_out",
+            "gemm",
+            flops=b * 2.0 * inner * h / t,
+            saved=b * x.gemm_bytes * inner / t,
+            gemm_k=inner / t,
+            gemm_n=h,
+            weight_bytes=b * 2.0 * inner * h / t,
+            kernels=present,
+        ),
     ]
 
 
@@ -164,19 +391,22 @@ def op_level_sac_bytes(x: CostInputs) -> Col:
     layer input, the attention output (with its log-sum-exp) and every other matmul output;
     everything else is recomputed (torchtitan `activation_checkpoint.selective_ac_option =
     "op"`, which saves mm outputs alternately and the SDPA output)."""
-    t, sp = x.tp, _sp_div(x)
-    q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
-    _, up_width = _mlp_widths(x)
+    t, sp = x.tp, sp_div(x)
+    qk, v, kv_out = attention_widths(x)
+    gate = np.where(x.mlp_kind == SWIGLU, 2.0, 1.0)
+    dense_w, routed_w, shared_w = mlp_widths(x)
     matmul_outputs = 2.0 * (
-        (q_width + 2 * kv_width) / t + x.hidden / sp + up_width / t + x.hidden / sp
+        x.attn_share * ((qk + kv_out) / t + x.hidden / sp)
+        + gate * ((dense_w + shared_w) / t + routed_w / x.etp)
+        + x.mlp_share * x.hidden / sp
     )
-    attention_output = 2.0 * q_width / t + x.flash * 4.0 * x.heads / t
+    attention_output = x.attn_share * (2.0 * v / t + x.flash * 4.0 * x.heads / t)
     return layer_input_bytes(x) + attention_output + 0.5 * matmul_outputs
 
 
 def layer_input_bytes(x: CostInputs) -> Col:
     """What a fully recomputed layer keeps: its 16-bit input (sharded with SP)."""
-    return 2.0 * x.hidden / _sp_div(x)
+    return 2.0 * x.hidden / sp_div(x)
 
 
 def head_ops(x: CostInputs) -> list[Op]:
@@ -185,7 +415,7 @@ def head_ops(x: CostInputs) -> list[Op]:
     Logits are kept in fp32 for a vocab-parallel cross-entropy (Korthikanti et al. 2022,
     Sec. 4.1: 4*s*b*v/t bytes).
     """
-    t, sp, h, v = x.tp, _sp_div(x), x.hidden, x.vocab
+    t, sp, h, v = x.tp, sp_div(x), x.hidden, x.vocab
     norm_saved = np.where(x.layernorm > 0, 2.0 * h + 8.0, 2.0 * h + 4.0)
     return [
         Op("final_norm", "memory", saved=norm_saved / sp, moved=4.0 * h / sp),
@@ -202,9 +432,26 @@ def head_ops(x: CostInputs) -> list[Op]:
     ]
 
 
+def mtp_ops(x: CostInputs) -> list[Op]:
+    """One multi-token-prediction module (DeepSeek-V3, Sec. 2.2): the next token's embedding
+    and the hidden state normed, concatenated and projected (2h -> h), one layer, and the
+    shared LM head with its loss. The last pipeline stage runs `x.mtp` of them."""
+    h, t = x.hidden, x.tp
+    proj = Op(
+        "mtp_proj",
+        "gemm",
+        flops=2.0 * 2.0 * h * h / t,
+        saved=2.0 * 2.0 * h,
+        gemm_k=2.0 * h,
+        gemm_n=h / t,
+        weight_bytes=2.0 * 2.0 * h * h / t,
+    )
+    return [proj, *layer_ops(x), *head_ops(x)]
+
+
 def embedding_ops(x: CostInputs) -> list[Op]:
     """The first stage's embedding lookup (plus dropout mask where the model has dropout)."""
-    sp = _sp_div(x)
+    sp = sp_div(x)
     return [Op("embedding", "memory", saved=x.dropout * x.hidden / sp, moved=4.0 * x.hidden / sp)]
 
 

@@ -20,7 +20,6 @@ import numpy as np
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
-    SWIGLU,
     Col,
     CostInputs,
     recomputed_layers,
@@ -44,39 +43,55 @@ class StageParams:
 
     dense_first: Col  # sharded over dp*cp by ZeRO
     dense_last: Col
-    expert: Col  # sharded over dp*cp/ep by ZeRO (same on every stage)
+    expert: Col  # routed experts on one rank: sharded over expert_shards by ZeRO
+    expert_last: Col  # (the last stage also holds the multi-token-prediction blocks' experts)
     layer_dense: Col  # one layer's non-expert params on one rank (ZeRO-3 gather unit)
     layer_expert: Col
+    expert_shards: Col  # expert data parallelism: tp*dp*cp / (ep*etp) ranks hold each expert
 
 
-def stage_params(x: CostInputs) -> StageParams:
-    """Per-rank parameter counts: layers/pp layers split by tp (experts also by ep)."""
+def layer_params(ops: list[Op]) -> tuple[Col, Col]:
+    """(non-expert, routed-expert) parameters of an average layer on one rank, from the op
+    list: GEMM weights (2 bytes a parameter in `weight_bytes`) and the other parameters."""
+    gemm = [op for op in ops if op.kind == "gemm"]
+    dense = total([op for op in gemm if not op.routed], "weight_bytes") / 2.0 + total(ops, "params")
+    expert = total([op for op in gemm if op.routed], "weight_bytes") / 2.0
+    return dense, expert
+
+
+def stage_params(x: CostInputs, ops: list[Op] | None = None) -> StageParams:
+    """Per-rank parameter counts: layers/pp layers split by tp (experts by ep*etp)."""
+    layer_dense, layer_expert = layer_params(ops if ops is not None else layer_ops(x))
     h, t = x.hidden, x.tp
-    q_width, kv_width = x.heads * x.head_dim, x.kv_heads * x.head_dim
-    mats = np.where(x.mlp_kind == SWIGLU, 3.0, 2.0)
-    moe = x.experts > 0
-    norms = np.where(x.layernorm > 0, 4.0, 2.0) * h
-    attn = h * (q_width + 2 * kv_width) + q_width * h
-    dense_mlp = np.where(moe, x.shared_experts * mats * h * x.expert_ffn, mats * h * x.ffn)
-    layer_dense = (attn + dense_mlp) / t + norms + moe * h * x.experts
-    layer_expert = moe * x.experts * mats * h * x.expert_ffn / (t * x.ep)
     per_stage = stage_layers(x)
     vocab_shard = x.vocab * h / t
     final_norm = np.where(x.layernorm > 0, 2.0, 1.0) * h
     first_extra = vocab_shard + x.learned_pos * x.max_seq * h
     # Tied embeddings share one matrix only when first and last stage are the same rank.
     head = np.where((x.tied > 0) & (x.pp == 1), 0.0, vocab_shard) + final_norm
+    # Each multi-token-prediction block: a layer, a 2h -> h projection and two norms.
+    mtp_dense = x.mtp * (layer_dense + 2.0 * h * h / t + 2.0 * final_norm)
     single = x.pp == 1
-    dense_first = per_stage * layer_dense + first_extra + np.where(single, head, 0.0)
-    dense_last = per_stage * layer_dense + head + np.where(single, first_extra, 0.0)
-    return StageParams(dense_first, dense_last, per_stage * layer_expert, layer_dense, layer_expert)
+    dense_first = per_stage * layer_dense + first_extra + np.where(single, head + mtp_dense, 0.0)
+    dense_last = per_stage * layer_dense + head + mtp_dense + np.where(single, first_extra, 0.0)
+    expert = per_stage * layer_expert
+    expert_last = expert + x.mtp * layer_expert
+    shards = np.maximum(x.tp * x.dp * x.cp / (x.ep * x.etp), 1.0)
+    return StageParams(
+        dense_first, dense_last, expert, expert_last, layer_dense, layer_expert, shards
+    )
 
 
-def state_bytes(params: Col, shard: Col, zero: Col) -> tuple[Col, Col, Col]:
-    """(weights, gradients, optimizer) bytes for `params` sharded `shard` ways by ZeRO stage."""
-    weights = np.where(zero >= 3, 2.0 / shard, 2.0) * params
+def state_bytes(x: CostInputs, params: Col, shard: Col) -> tuple[Col, Col, Col]:
+    """(weights, gradients, optimizer) bytes for `params` sharded `shard` ways by ZeRO stage:
+    the working weights at the framework's parameter precision, fp32 main gradients, and the
+    optimizer's fp32 master weights and Adam moments."""
+    # With pipelining a ZeRO-3 stage holds its gathered weights and unreduced gradients for the
+    # whole step (see timing._data_parallel); only the optimizer state stays sharded.
+    zero = np.where((x.zero >= 3) & (x.pp > 1), 1.0, x.zero)
+    weights = np.where(zero >= 3, x.param_bytes / shard, x.param_bytes) * params
     grads = np.where(zero >= 2, 4.0 / shard, 4.0) * params
-    optim = np.where(zero >= 1, 12.0 / shard, 12.0) * params
+    optim = np.where(zero >= 1, x.optim_bytes / shard, x.optim_bytes) * params
     return weights, grads, optim
 
 
@@ -144,24 +159,28 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     # Backward of a recomputed layer rebuilds that layer's activations one at a time.
     transient = np.where(recomputed > 0, plain, np.maximum(plain - per_mb_layer, 0.0))
 
-    p = params if params is not None else stage_params(x)
+    p = params if params is not None else stage_params(x, ops)
     shard = x.dp * x.cp
-    expert_shard = np.maximum(shard / x.ep, 1.0)
-    ew, eg, eo = state_bytes(p.expert, expert_shard, x.zero)
-    zero3_gather = np.where(x.zero >= 3, 2.0 * 6.0 * (p.layer_dense + p.layer_expert), 0.0)
+    # ZeRO-3 holds the gathered weights (and their gradients) of the layer it computes and of
+    # the one it prefetches.
+    gathered = 2.0 * (x.param_bytes + 4.0) * (p.layer_dense + p.layer_expert)
+    zero3_gather = np.where((x.zero >= 3) & (x.pp == 1), gathered, 0.0)
+    # The last stage also runs the multi-token-prediction blocks.
+    mtp_act = x.mtp * (plain + 2.0 * 2.0 * x.hidden * tokens)
 
     emb = total(embedding_ops(x), "saved") * tokens
     head = total(head_ops(x), "saved") * tokens + 4.0 * x.vocab / x.tp * tokens  # + dlogits
 
     first_flight, last_flight = in_flight(x, 0.0), in_flight(x, x.pp - 1.0)
     parts = []
-    for params, flight, buffers in (
-        (p.dense_first, first_flight, emb * first_flight),
-        (p.dense_last, last_flight, head),
+    single = x.pp == 1
+    for params, experts, flight, buffers in (
+        (p.dense_first, p.expert, first_flight, emb * first_flight),
+        (p.dense_last, p.expert_last, last_flight, head + mtp_act),
     ):
-        w, g, o = state_bytes(params, shard, x.zero)
-        single = x.pp == 1
-        buffers = np.where(single, emb + head, buffers)
+        w, g, o = state_bytes(x, params, shard)
+        ew, eg, eo = state_bytes(x, experts, p.expert_shards)
+        buffers = np.where(single, emb + head + mtp_act, buffers)
         parts.append(
             (
                 w + ew,

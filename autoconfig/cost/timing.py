@@ -4,22 +4,28 @@
   plus a fixed per-kernel cost (roofline, Williams et al. 2009); memory-bound ops take bytes
   moved / effective bandwidth; backward is 2x forward (2.5x for flash attention, whose
   backward recomputes the scores: Dao 2023, FlashAttention-2, Sec. 3.1.2). Causal flash
-  attention skips the masked half of the score blocks.
-- TP: 2 all-reduces (or all-gather + reduce-scatter with SP) of the layer's b*s*h activations
-  in forward and 2 in backward (Shoeybi et al. 2019, Megatron-LM, Sec. 3; Korthikanti et al.
-  2022, Sec. 4.2.2), exposed; recomputed forwards repeat them.
+  attention skips the masked half of the score blocks. Block-scaled 8- and 4-bit GEMMs first
+  quantize their 16-bit inputs (a memory-bound pass, Transformer Engine's MXFP8/NVFP4 recipes).
+- TP: per block with TP-split matmuls one all-reduce (or all-gather + reduce-scatter with SP)
+  of the block's b*s*h activations in forward and one in backward (Shoeybi et al. 2019,
+  Megatron-LM, Sec. 3; Korthikanti et al. 2022, Sec. 4.2.2); recomputed forwards repeat them.
+  With TP communication overlap (Megatron-Core `--tp-comm-overlap`, torchtitan async TP) a
+  collective hides behind the GEMM it feeds; only what exceeds that GEMM stays exposed.
 - PP: 1F1B and interleaved 1F1B take (m*v + p - 1) slots of one chunk's forward+backward;
   the bubble is (p-1)/(v*m) of the ideal time (Narayanan et al. 2021, "Efficient Large-Scale
   Language Model Training on GPU Clusters", Sec. 2.2). Each slot also sends one activation
-  forward and one gradient back.
+  forward and one gradient back, exposed unless the framework overlaps P2P with compute.
 - DP: gradients are reduced during the last micro-batch's backward (overlap), ZeRO-1/2
-  all-gather updated weights during the next forward; ZeRO-3 gathers weights for every
-  micro-batch's forward and backward and reduce-scatters gradients each time (Rajbhandari et
-  al. 2020; Zhao et al. 2023, "PyTorch FSDP").
+  all-gather updated weights during the next forward (when the framework overlaps it);
+  ZeRO-3 gathers each layer's weights before its forward and its backward and
+  reduce-scatters its gradients after, prefetching one layer ahead, so per layer only what
+  exceeds that layer's compute is exposed (Rajbhandari et al. 2020; Zhao et al. 2023,
+  "PyTorch FSDP", Sec. 3.3-3.4).
 - CP: ring attention passes K/V blocks cp-1 times (K/V and their gradients in backward),
   hidden behind the block attention compute when it is longer (Liu et al. 2023, "Ring
   Attention"). EP: all-to-all dispatch and combine, forward and backward (Lepikhin et al.
   2020, GShard), exposed.
+- Multi-token prediction adds its block and a second LM head to the last pipeline stage.
 """
 
 from __future__ import annotations
@@ -37,22 +43,33 @@ from autoconfig.cost.inputs import (
     recomputed_layers,
     stage_layers,
 )
-from autoconfig.cost.layer import Op, embedding_ops, head_ops, layer_ops
+from autoconfig.cost.layer import (
+    Op,
+    attention_widths,
+    embedding_ops,
+    head_ops,
+    layer_ops,
+    mtp_ops,
+)
 from autoconfig.cost.memory import StageParams, stage_params
 
 
 def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
     """Forward GPU time of one op over `tokens` tokens on one rank."""
+    bandwidth = x.hbm_bytes_s * x.eff_memory
     if op.kind == "gemm":
-        act = np.where(x.fp8 > 0, 1.0, 2.0)
-        traffic = act * tokens * (op.gemm_k + op.gemm_n) + op.weight_bytes
+        traffic = x.gemm_bytes * tokens * (op.gemm_k + op.gemm_n)
+        traffic = traffic + op.weight_bytes * x.gemm_bytes / 2.0
         compute = op.flops * tokens / (x.peak_flops * x.eff_gemm)
-        return np.maximum(compute, traffic / (x.hbm_bytes_s * x.eff_memory))
+        # Sub-16-bit GEMMs read 16-bit activations once more to quantize them.
+        cast = np.where(x.gemm_bytes < 2.0, 2.0 + x.gemm_bytes, 0.0) * tokens * op.gemm_k
+        present = np.asarray(op.flops) > 0
+        return np.maximum(compute, traffic / bandwidth) + np.where(present, cast, 0.0) / bandwidth
     if op.kind == "attention":
         causal = np.where(x.flash > 0, 0.5, 1.0)
         eff = np.where(x.flash > 0, x.eff_attention, x.eff_gemm)
         return op.flops * tokens * causal / (x.peak_bf16_flops * eff)
-    return op.moved * tokens / (x.hbm_bytes_s * x.eff_memory)
+    return op.moved * tokens / bandwidth
 
 
 def kernel_count(ops: list[Op]) -> Col:
@@ -104,6 +121,21 @@ class StepTime:
         )
 
 
+def tp_blocks(x: CostInputs) -> Col:
+    """Blocks of an average layer whose matmuls are split over TP, each with one collective
+    pair in forward: attention, Mamba, dense MLPs, and MoE only with expert TP (with expert
+    parallelism folded over the TP ranks, dispatch replaces the collective)."""
+    moe_tp = np.where(x.etp > 1, 1.0, 0.0)
+    mlp = x.mlp_share * ((1.0 - x.moe_share) + x.moe_share * moe_tp)
+    return np.where(x.tp > 1, x.attn_share + x.mamba_share + mlp, 0.0)
+
+
+def _exposed(comm_s: Col, overlap: Col, cover: Col) -> Col:
+    """Communication left on the critical path: all of it, or with overlap what exceeds the
+    compute it runs beside."""
+    return (1.0 - overlap) * comm_s + overlap * np.maximum(comm_s - cover, 0.0)
+
+
 def step_time(
     x: CostInputs, ops: list[Op] | None = None, params: StageParams | None = None
 ) -> StepTime:
@@ -111,71 +143,83 @@ def step_time(
     m = x.gbs / (x.dp * x.mbs)
     per_stage = stage_layers(x)
     ops = ops if ops is not None else layer_ops(x)
-    params = params if params is not None else stage_params(x)
+    params = params if params is not None else stage_params(x, ops)
     f_gpu, b_gpu = _fwd_bwd(x, ops, tokens)
-    # Tensor parallel: 2 collectives of b*s*h per layer in forward, 2 in backward.
+    f_gemm, _ = _fwd_bwd(x, [op for op in ops if op.kind == "gemm"], tokens)
+
+    # Tensor parallel: one collective pair per TP-split block in forward, one in backward.
     act_bytes = 2.0 * tokens * x.hidden
     tp_one = comm.all_reduce(act_bytes, x.tp, comm.tp_link(x))
-    tp_collectives = np.where(x.tp > 1, 2.0, 0.0)
+    tp_layer = tp_blocks(x) * tp_one
+    tp_f = _exposed(tp_layer, np.where(x.sp > 0, x.tp_overlap, 0.0), f_gemm)
+    tp_b = _exposed(tp_layer, np.where(x.sp > 0, x.tp_overlap, 0.0), 2.0 * f_gemm)
     # The host launches kernels asynchronously: a layer takes the longer of its GPU time and
     # the time to launch its kernels (eager frameworks turn launch-bound at small per-rank
-    # work, e.g. small micro-batches with wide TP).
-    launch_f = (kernel_count(ops) + tp_collectives) * x.kernel_s
-    f_busy, b_busy = f_gpu + 2.0 * tp_one, b_gpu + 2.0 * tp_one
+    # work, e.g. small micro-batches with wide TP); CUDA graphs replay them without the host.
+    launch_f = (kernel_count(ops) + 2.0 * tp_blocks(x)) * x.kernel_s * (1.0 - x.cuda_graphs)
+    f_busy, b_busy = f_gpu + tp_f, b_gpu + tp_b
     f_layer = np.maximum(f_busy, launch_f)
     b_layer = np.maximum(b_busy, 2.0 * launch_f)
     launch_excess = (f_layer - f_busy) + (b_layer - b_busy)
+
     recompute_ops = [op for op in ops if op.dropped_by_selective or op.kind == "attention"]
     f_attn, _ = _fwd_bwd(x, recompute_ops, tokens)
     f_attn = np.maximum(f_attn, kernel_count(recompute_ops) * x.kernel_s)
     recomputed = recomputed_layers(x, per_stage)
     # Op-level SAC re-runs every memory-bound op and half of the matmuls.
     f_cheap, _ = _fwd_bwd(x, [op for op in ops if op.kind == "memory"], tokens)
-    f_mm, _ = _fwd_bwd(x, [op for op in ops if op.kind == "gemm"], tokens)
     extra_fwd = recomputed * f_layer + per_stage * np.select(
-        [x.recompute == SELECTIVE, x.recompute == OP_LEVEL], [f_attn, f_cheap + 0.5 * f_mm], 0.0
+        [x.recompute == SELECTIVE, x.recompute == OP_LEVEL], [f_attn, f_cheap + 0.5 * f_gemm], 0.0
     )
 
     f_emb, b_emb = _fwd_bwd(x, embedding_ops(x), tokens)
     f_head, b_head = _fwd_bwd(x, head_ops(x), tokens)
+    f_mtp, b_mtp = _fwd_bwd(x, mtp_ops(x), tokens)
+    mtp = x.mtp * (f_mtp + b_mtp + tp_f + tp_b)
     single = x.pp == 1
-    ends = f_emb + b_emb + f_head + b_head
+    ends = f_emb + b_emb + f_head + b_head + mtp
+    last_extra = f_head + b_head + mtp
     stage_fwd = per_stage * f_layer + np.where(single, f_emb + f_head, f_head)
     stage_compute = _busiest_stage(
         x,
         per_stage,
         f_layer + b_layer + extra_fwd / per_stage,
         ends,
-        np.where(single, ends, f_head + b_head),
+        np.where(single, ends, last_extra),
     )
 
     # TP time inside the layer times above, broken out for the report; the embedding and the
     # vocab-parallel cross-entropy add two more reduces.
-    tp_per_mb = tp_one * (4.0 * per_stage + 2.0 * recomputed + 2.0)
+    tp_head = np.where(x.tp > 1, 2.0 * tp_one, 0.0)
+    tp_per_mb = per_stage * (tp_f + tp_b) + recomputed * tp_f + tp_head
 
     # Context parallel: K and V blocks (and their gradients) travel cp-1 hops per layer.
-    kv_bytes = 2.0 * 2.0 * tokens * x.kv_heads * x.head_dim / x.tp
+    _, _, kv_out = attention_widths(x)
+    kv_bytes = 2.0 * tokens * kv_out / x.tp
     hop = comm.p2p(kv_bytes, comm.cp_link(x))
     attn_op = next(op for op in ops if op.kind == "attention")
     attn_f = _op_time(x, attn_op, tokens)
     blocks = np.maximum(x.cp, 1.0)
     cp_f = (x.cp - 1.0) * np.maximum(hop - attn_f / blocks, 0.0)
     cp_b = (x.cp - 1.0) * np.maximum(2.0 * hop - 2.5 * attn_f / blocks, 0.0)
-    cp_per_mb = np.where(x.cp > 1, per_stage * (cp_f + cp_b), 0.0)
+    cp_per_mb = np.where(x.cp > 1, per_stage * x.attn_share * (cp_f + cp_b), 0.0)
 
     # Expert parallel: dispatch + combine in forward and backward for every MoE layer.
-    moe_bytes = 2.0 * tokens * x.topk * x.hidden
-    ep_one = comm.all_to_all(moe_bytes, x.ep, comm.ep_link(x))
-    ep_per_mb = np.where(x.experts > 0, 4.0 * per_stage * ep_one, 0.0)
+    expert_h = np.where(x.moe_latent > 0, x.moe_latent, x.hidden)
+    ep_one = comm.expert_dispatch(x, 2.0 * tokens * expert_h, x.topk, x.ep, x.etp)
+    moe_layers = per_stage * x.mlp_share * x.moe_share
+    ep_per_mb = np.where((x.experts > 0) & (x.ep > 1), 4.0 * moe_layers * ep_one, 0.0)
 
     # stage_compute already holds the layers' TP and launch time: report them apart.
     launch_per_mb = per_stage * launch_excess
-    stage_compute = stage_compute + 2.0 * tp_one
+    stage_compute = stage_compute + tp_head
     slot = stage_compute + cp_per_mb + ep_per_mb  # one micro-batch, whole stage
     pure_compute = stage_compute - tp_per_mb - launch_per_mb
     bubble = (x.pp - 1.0) * slot / x.vp
     p2p_bytes = 2.0 * tokens * x.hidden / np.where(x.sp > 0, x.tp, 1.0)
     p2p_one = comm.p2p(p2p_bytes, comm.pp_link(x))
+    # Frameworks overlap pipeline sends with the interleaved schedule only.
+    p2p_one = _exposed(p2p_one, np.where(x.vp > 1, x.p2p_overlap, 0.0), f_layer)
     pp_comm = np.where(x.pp > 1, (m * x.vp + x.pp - 1.0) * 2.0 * p2p_one, 0.0)
 
     dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
@@ -219,27 +263,43 @@ def _data_parallel(
     stage_fwd: Col,
 ) -> tuple[Col, Col]:
     """Exposed gradient/weight communication and the optimizer step, per step."""
-    params = np.maximum(p.dense_first, p.dense_last) + p.expert
-    size = x.dp * x.cp
-    link = comm.dp_link(x)
-    grads = 4.0 * params  # fp32 gradient reduction (Megatron main_grad, FSDP reduce_dtype)
+    dense = np.maximum(p.dense_first, p.dense_last)
+    expert = np.maximum(p.expert, p.expert_last)
+    size, expert_size = x.dp * x.cp, p.expert_shards
+    link, expert_link = comm.dp_link(x), comm.group_link(x, expert_size, x.ep * x.etp)
+
+    def collectives(params: Col, n: Col, group: comm.Link) -> tuple[Col, Col, Col]:
+        grads = x.grad_comm_bytes * params
+        return (
+            comm.all_reduce(grads, n, group),
+            comm.reduce_scatter(grads, n, group),
+            comm.all_gather(x.param_bytes * params, n, group),
+        )
+
+    ar_d, rs_d, ag_d = collectives(dense, size, link)
+    ar_e, rs_e, ag_e = collectives(expert, expert_size, expert_link)
+    ar, rs, ag = ar_d + ar_e, rs_d + rs_e, ag_d + ag_e
     window_b = np.where(x.overlap_grad_reduce > 0, per_stage * b_layer, 0.0)
-    window_f = np.where(x.overlap_grad_reduce > 0, stage_fwd, 0.0)
-    ar = comm.all_reduce(grads, size, link)
-    rs = comm.reduce_scatter(grads, size, link)
-    ag = comm.all_gather(2.0 * params, size, link)
+    window_f = np.where(x.overlap_param_gather > 0, stage_fwd, 0.0)
     zero0 = np.maximum(ar - window_b, 0.0)
     zero12 = np.maximum(rs - window_b, 0.0) + np.maximum(ag - window_f, 0.0)
-    # ZeRO-3: every micro-batch gathers weights twice and reduce-scatters gradients; the
-    # first layer's gather cannot hide behind anything.
-    per_mb = np.maximum(ag - per_stage * f_layer, 0.0) + np.maximum(
-        ag + rs - per_stage * b_layer, 0.0
-    )
-    zero3 = m * per_mb + ag / np.maximum(per_stage, 1.0)
+    # ZeRO-3: each layer's weights are gathered before its forward and its backward and its
+    # gradients reduce-scattered after, one layer prefetched ahead: per layer, what exceeds
+    # that layer's compute is exposed, and the first gather of each pass is not hidden.
+    layers = np.maximum(per_stage, 1.0)
+    ag_l, rs_l = ag / layers, rs / layers
+    per_layer = np.maximum(ag_l - f_layer, 0.0) + np.maximum(ag_l + rs_l - b_layer, 0.0)
+    zero3 = m * (per_stage * per_layer + 2.0 * ag_l) + rs_l
+    # Under a pipeline schedule torch keeps a stage's FSDP weights gathered and its gradients
+    # unreduced from the first micro-batch to the last (torch.distributed.pipelining.stage:
+    # set_reshard_after_backward(False), set_requires_gradient_sync(False)): once per step,
+    # as with ZeRO-1/2.
+    zero3 = np.where(x.pp > 1, zero12, zero3)
     dp_comm = np.select([x.zero >= 3, x.zero >= 1], [zero3, zero12], zero0)
-    dp_comm = np.where(size > 1, dp_comm, 0.0)
-    # Adam reads grads + fp32 states and writes states + 16-bit weights: ~30 bytes/param
-    # on this rank's optimizer shard.
+    dp_comm = np.where(size * np.maximum(expert_size, 1.0) > 1, dp_comm, 0.0)
+    # Adam reads the gradients and its states, writes the states and the working weights.
+    traffic = 4.0 + 2.0 * x.optim_bytes + x.param_bytes
     shard = np.where(x.zero >= 1, size, 1.0)
-    optimizer = 30.0 * params / shard / (x.hbm_bytes_s * x.eff_memory)
+    expert_shard = np.where(x.zero >= 1, expert_size, 1.0)
+    optimizer = traffic * (dense / shard + expert / expert_shard) / (x.hbm_bytes_s * x.eff_memory)
     return dp_comm, optimizer

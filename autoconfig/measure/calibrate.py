@@ -15,7 +15,7 @@ import pandas as pd
 from autoconfig import catalog, layout
 from autoconfig.cost.evaluate import evaluate
 from autoconfig.errors import UserError
-from autoconfig.fit import fit_time, with_params
+from autoconfig.fit import fit_time, gemm_class, with_params
 from autoconfig.measure.study import STUDY_NAME, exists, open_storage, storage_url
 from autoconfig.specs import GPUSpec
 from autoconfig.trainer.config import TrainConfig, load_config
@@ -40,6 +40,8 @@ BOUNDS = {
     "step_overhead_ms": (0.0, 20000.0),
     "gemm": (0.01, 1.0),
     "attention": (0.01, 1.0),
+    "intra_node_bus": (0.01, 1.0),
+    "inter_node_bus": (0.01, 1.0),
 }
 
 
@@ -78,7 +80,7 @@ def predictions(trials: list[Trial], constants: dict[str, float] | None = None) 
     if constants:
         chip = catalog.get_gpu(trials[0].profile).chip
         n = len(trials)
-        x = with_params(x, np.full(n, chip), np.zeros(n), {chip: constants})
+        x = with_params(x, np.full(n, chip), gemm_class(x, n), {chip: constants})
     with np.errstate(all="ignore"):
         return np.broadcast_to(evaluate(x)["pred_tokens_per_s_per_gpu"], (len(trials),)).copy()
 

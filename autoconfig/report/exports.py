@@ -9,6 +9,8 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
+
 from autoconfig import layout
 from autoconfig.errors import UserError
 from autoconfig.layout import ANY
@@ -33,13 +35,28 @@ RUN_FLAGS: dict[Framework, tuple[str, ...]] = {
         "[training] seq_len = {seq_len}",
         "{torchtitan_fp8}",
     ),
+    Framework.DEEPSPEED: (
+        "--global-batch-size {gbs}",
+        "--seq-length {seq_len}",
+        "--{precision}",
+        "--deepspeed",
+    ),
+    Framework.NANOTRON: (
+        "tokens.sequence_length: {seq_len}",
+        "tokens.batch_accumulation_per_replica: {accumulation}",
+        "model.dtype: bfloat16",
+    ),
+    Framework.COMPOSER: (
+        "global_train_batch_size: {gbs}",
+        "max_seq_len: {seq_len}",
+        "precision: {composer_precision}",
+    ),
 }
 HEADER = {
-    Framework.MEGATRON: "",
-    Framework.NEMO: "# NeMo 2.0: apply to a recipe, e.g. "
-    "recipe = llm.llama3_70b.pretrain_recipe(...)",
-    Framework.TORCHTITAN: "",
+    Framework.NEMO: "# NeMo 2.0: apply to the pretrain recipe of your model "
+    "(recipe = llm.<model>.pretrain_recipe(...))",
 }
+YAML = (Framework.NANOTRON, Framework.COMPOSER)
 
 
 def context(row: Mapping[str, Any], layers: int, gbs: int, seq_len: int, precision: str) -> dict:
@@ -50,11 +67,16 @@ def context(row: Mapping[str, Any], layers: int, gbs: int, seq_len: int, precisi
     uneven = pp > 1 and layers % pp
     c["uneven_last_stage_layers"] = layers - (pp - 1) * -(-layers // pp) if uneven else None
     c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 else None
-    c["pipeline_schedule"] = "Interleaved1F1B" if vp > 1 else "1F1B"
+    c["pipeline_schedule"] = ("Interleaved1F1B" if vp > 1 else "1F1B") if pp > 1 else None
     c["pipeline_microbatch"] = mbs if pp > 1 else None
-    c["local_batch"] = gbs // dp
+    # torchtitan: without pipelining the local batch is the micro-batch (gradient
+    # accumulation makes up the global batch); with it, the rank's batch split into micro-batches
+    c["local_batch"] = mbs if pp == 1 else gbs // dp
+    c["accumulation"] = gbs // (dp * mbs)
+    c["composer_precision"] = "amp_fp8" if precision == "fp8" else "amp_bf16"
     c["dp_shard"] = dp if c["zero"] >= 2 else 1
     c["dp_replicate"] = dp // c["dp_shard"]
+    c["precision"] = precision
     fp8 = precision == "fp8"
     c["precision_flag"] = "--fp8-format hybrid --bf16" if fp8 else f"--{precision}"
     c["nemo_fp8"] = "recipe.trainer.plugins = bf16_with_fp8_mixed()" if fp8 else None
@@ -77,6 +99,15 @@ def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[s
         else:
             raise UserError(f"emit: {framework.value} cannot run {d.name} {key}")
     return (chosen,) if isinstance(chosen, str) else tuple(chosen)
+
+
+def refuses(framework: Framework, name: str, value: Any) -> bool:
+    """Whether the framework has no setting for dimension `name` at `value`."""
+    try:
+        _templates(layout.BY_NAME[name], framework, value)
+    except UserError:
+        return True
+    return False
 
 
 def _render(template: str, ctx: Mapping[str, Any]) -> str | None:
@@ -115,11 +146,13 @@ def export(
     """The launch settings as text the framework reads."""
     framework = Framework.parse(framework, "emit")
     settings = lines(framework, row, layers, gbs, seq_len, precision)
-    if framework is Framework.MEGATRON:
-        return " \\\n  ".join(settings)
     if framework is Framework.NEMO:
         return "\n".join([HEADER[framework], *settings])
-    return _toml(settings)
+    if framework is Framework.TORCHTITAN:
+        return _toml(settings)
+    if framework in YAML:
+        return _yaml(settings)
+    return " \\\n  ".join(settings)
 
 
 def _toml(settings: list[str]) -> str:
@@ -134,3 +167,16 @@ def _toml(settings: list[str]) -> str:
         else:
             sections["parallelism"].append(line)
     return "\n\n".join(f"[{name}]\n" + "\n".join(body) for name, body in sections.items())
+
+
+def _yaml(settings: list[str]) -> str:
+    """'section.key: value' lines as nested YAML, sections in first-seen order."""
+    tree: dict = {}
+    for line in settings:
+        path, _, value = line.partition(": ")
+        node = tree
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return yaml.safe_dump(tree, sort_keys=False).rstrip()

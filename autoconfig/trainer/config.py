@@ -201,6 +201,10 @@ class TrainConfig(Layout):
                 "(experts are replicated; use ep 1)",
             ),
             (
+                self.etp > 1,
+                "etp: the bundled trainer does not split experts over tensor-parallel ranks",
+            ),
+            (
                 spec.is_moe and tp > 1,
                 "tp: the bundled trainer keeps MoE experts unsharded; use tp 1 for MoE models",
             ),

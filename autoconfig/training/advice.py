@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from autoconfig import layout
-from autoconfig.columns import Behaviour, Hardware, training_inputs
+from autoconfig import frameworks, layout
+from autoconfig.columns import Hardware, training_inputs
 from autoconfig.cost import evaluate
 from autoconfig.training.result import SearchRequest
 from autoconfig.vocab import Recompute, ZeroStage
@@ -50,7 +50,7 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
             layouts,
             r.gbs,
             r.seq_len,
-            Behaviour(flash_attention=float(r.flash_attention)),
+            frameworks.behaviour(r.framework, r.precision, float(r.flash_attention)),
         )
         out = evaluate(inputs)
         for i, (label, _) in enumerate(rows):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec, SearchSpace
+from autoconfig.specs import ClusterSpec, FrameworkSpec, GPUSpec, ModelSpec, SearchSpace
 from autoconfig.training.rank import Constraints
 
 
@@ -24,6 +24,7 @@ class SearchRequest:
     precision: str
     space: SearchSpace
     constraints: Constraints
+    framework: FrameworkSpec
     flash_attention: bool = True
 
 
@@ -33,6 +34,7 @@ class SearchResult:
     table: pd.DataFrame  # every evaluated layout: feasible first (best first), then the pruned
     enumerated: int
     dropped: dict[str, int]  # combinations each divisibility rule removed
+    left_out: dict[str, int]  # valid layouts the framework cannot run, by reason
     pruned: dict[str, int]  # evaluated layouts each pruning reason removed
     explanation: str = ""  # why #1 beats #2
     advice: list[str] = field(default_factory=list)  # when nothing fits: what would
@@ -65,9 +67,11 @@ class SearchResult:
             "gbs": r.gbs,
             "gbs_chosen": r.gbs_chosen,
             "precision": str(r.precision),
+            "framework": r.framework.name,
             "layers": r.model.layers,
             "enumerated": self.enumerated,
             "dropped": self.dropped,
+            "left_out": self.left_out,
             "evaluated": self.evaluated,
             "feasible": self.feasible,
             "pruned": self.pruned,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from autoconfig import catalog, layout
-from autoconfig.columns import Behaviour, Hardware, training_inputs
+from autoconfig import catalog, frameworks, layout
+from autoconfig.columns import Hardware, training_inputs
 from autoconfig.errors import UserError
 from autoconfig.specs import ModelSpec, SearchSpace
 from autoconfig.training.advice import closest_fix
@@ -46,9 +46,11 @@ def make_request(
     memory_headroom: float = 0.0,
     gpus_per_node: int | None = None,
     flash_attention: bool = True,
+    framework: str = "megatron",
 ) -> SearchRequest:
     """The request with every default resolved; bad input is one UserError line."""
     spec = catalog.get_model(model) if isinstance(model, str) else model
+    fw = catalog.get_framework(framework)
     gpu_spec = catalog.get_gpu(gpu)
     if gpus < 1:
         raise UserError(f"gpus: must be a positive integer (got {gpus})")
@@ -57,6 +59,9 @@ def make_request(
     precision = Precision.parse(precision, "precision").value
     if not gpu_spec.supports(precision):
         raise UserError(f"precision: {gpu_spec.name} has no {precision} tensor cores")
+    if precision not in fw.allows("precisions"):
+        allowed = ", ".join(fw.allows("precisions"))
+        raise UserError(f"precision: {fw.name} trains in {allowed}, not {precision}")
     cluster = catalog.cluster_for(gpu_spec, gpus_per_node)
     seq = seq_len or spec.seq_len
     if spec.max_seq_len and seq > spec.max_seq_len:
@@ -88,6 +93,7 @@ def make_request(
         precision=precision,
         space=space_spec,
         constraints=Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gb, memory_headroom),
+        framework=fw,
         flash_attention=flash_attention,
     )
 
@@ -95,13 +101,15 @@ def make_request(
 def evaluate_all(req: SearchRequest) -> SearchResult:
     """Enumerate, evaluate and rank; raises UserError when no layout uses the GPUs."""
     cands = enumerate_candidates(
-        req.model, req.gpus, req.gbs, req.seq_len, req.space, req.cluster.domain
+        req.model, req.gpus, req.gbs, req.seq_len, req.space, req.cluster.domain, req.framework
     )
     if cands.table.empty:
         reasons = ", ".join(f"{k} ({v})" for k, v in cands.dropped.items())
+        left = sum(cands.left_out.values())
+        cannot = f"; {left:,} that {req.framework.name} cannot run" if left else ""
         raise UserError(
             f"gpus: no layout of {req.model.name} uses {req.gpus} GPUs with gbs {req.gbs} "
-            f"(dropped: {reasons})"
+            f"(dropped: {reasons}{cannot})"
         )
     inputs = training_inputs(
         req.model,
@@ -109,7 +117,7 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
         cands.table,
         req.gbs,
         req.seq_len,
-        Behaviour(flash_attention=float(req.flash_attention)),
+        frameworks.behaviour(req.framework, req.precision, float(req.flash_attention)),
     )
     with np.errstate(all="ignore"):
         table = rank(cands.table, inputs, req.constraints)
@@ -119,6 +127,7 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
         table=table,
         enumerated=cands.enumerated,
         dropped=cands.dropped,
+        left_out=cands.left_out,
         pruned=pruned.to_dict(),
         explanation=explain_winner(table),
     )

@@ -12,10 +12,10 @@ import pandas as pd
 import yaml
 from pydantic import ValidationError
 
-from autoconfig import layout, resources
+from autoconfig import frameworks, layout, resources
 from autoconfig.catalog import read_yaml
 from autoconfig.errors import UserError, pydantic_message
-from autoconfig.specs import ModelSpec, SearchSpace
+from autoconfig.specs import FrameworkSpec, ModelSpec, SearchSpace
 from autoconfig.vocab import Recompute
 
 STRUCTURE = tuple(d for d in layout.SEARCHED if d.structural)
@@ -61,6 +61,7 @@ class Candidates:
     table: pd.DataFrame
     enumerated: int
     dropped: dict[str, int]
+    left_out: dict[str, int]  # valid layouts the framework cannot run, by reason
 
 
 def _grid(*axes: np.ndarray) -> list[np.ndarray]:
@@ -86,10 +87,16 @@ def _values(d: layout.Dimension, space: SearchSpace) -> np.ndarray:
 
 
 def enumerate_candidates(
-    model: ModelSpec, gpus: int, gbs: int, seq_len: int, space: SearchSpace, gpus_per_node: int
+    model: ModelSpec,
+    gpus: int,
+    gbs: int,
+    seq_len: int,
+    space: SearchSpace,
+    gpus_per_node: int,
+    framework: FrameworkSpec,
 ) -> Candidates:
-    """Every combination of the space's values for `gpus` GPUs that obeys the layout rules
-    and the search's policies.
+    """Every combination of the space's values for `gpus` GPUs that obeys the layout rules,
+    the search's policies and what `framework` can run.
 
     Two passes keep this cheap: the structural dimensions (tp, pp, vp, cp, ep) are filtered
     first, and only the survivors are crossed with the other searched dimensions; recompute
@@ -98,7 +105,7 @@ def enumerate_candidates(
     if not space.allow_tp_across_nodes:
         axes["tp"] = axes["tp"][axes["tp"] <= gpus_per_node]
     if not model.is_moe:
-        axes["ep"] = np.array([1.0])
+        axes["ep"] = axes["etp"] = np.array([1.0])
     full = Recompute.FULL.code
     recompute_options = [
         (code, frac)
@@ -149,16 +156,21 @@ def enumerate_candidates(
     cols["recompute"], frac = options[ridx, 0], options[ridx, 1]
     per_stage = np.ceil(layers / cols["pp"])
     cols["recompute_layers"] = np.where(cols["recompute"] == full, np.ceil(frac * per_stage), 0.0)
+    left_out: dict[str, int] = {}
     with np.errstate(all="ignore"):
         c = {**defaults, **cols, **shape, "gbs": float(gbs)}
         keep = _apply(
             [(f"{n}: {r}", bad) for n, r, bad in layout.rules(c)]
-            + _setting_policies(c, frac, per_stage, gbs),
+            + _setting_policies(c, frac, per_stage),
             1.0,
             dropped,
         )
+        can = _apply(
+            [(f"{n}: {r}", bad) for n, r, bad in frameworks.rules(framework, c)], 1.0, left_out
+        )
+        keep &= can
     table = pd.DataFrame({d.name: _typed(d, cols[d.name][keep]) for d in layout.DIMENSIONS})
-    return Candidates(table.drop_duplicates(ignore_index=True), enumerated, dropped)
+    return Candidates(table.drop_duplicates(ignore_index=True), enumerated, dropped, left_out)
 
 
 def _structure_policies(
@@ -179,13 +191,11 @@ def _structure_policies(
 
 
 def _setting_policies(
-    c: dict[str, object], frac: np.ndarray, per_stage: np.ndarray, gbs: int
+    c: dict[str, object], frac: np.ndarray, per_stage: np.ndarray
 ) -> list[tuple[str, np.ndarray]]:
-    dp, mbs, pp, vp, cp = (np.asarray(c[k]) for k in ("dp", "mbs", "pp", "vp", "cp"))
+    dp, cp = np.asarray(c["dp"]), np.asarray(c["cp"])
     zero, recompute = np.asarray(c["zero"]), np.asarray(c["recompute"])
-    m = gbs / (dp * mbs)
     return [
-        ("interleaving needs micro-batches divisible by pp", (vp > 1) & (m % pp != 0)),
         ("zero sharding without dp", (zero > 0) & (dp * cp == 1)),
         (
             "same as full recompute of every layer",

@@ -1,0 +1,128 @@
+"""Unknown means "as the framework would run it": for a published row that leaves its ZeRO
+stage, recompute, sequence parallelism, virtual stages or expert TP unknown, every choice its
+framework can run is evaluated and the fastest that fits is taken (the least memory when none
+fits), so a layout that ran is never refused because a default guessed wrong. A row that
+failed (status oom or crash) takes the framework's defaults instead: nothing says its run
+chose otherwise, and choosing what fits would hide the failure."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from autoconfig import frameworks, layout
+from autoconfig.cost import evaluate
+from autoconfig.frame import RESOLVABLE, TrainingRows, read_training_rows
+from autoconfig.specs import FrameworkSpec
+from autoconfig.vocab import Recompute
+
+VP_CHOICES = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24)
+
+
+def defaults(fw: FrameworkSpec, row: pd.Series, unknown: pd.Series) -> dict:
+    """The framework's defaults for the row's unknowns."""
+    tp, pp = int(row["tp"]), int(row["pp"])
+    zeros = fw.allows("zero_with_pp") if pp > 1 else fw.allows("zero")
+    zero = fw.defaults["zero"] if fw.defaults["zero"] in zeros else zeros[0]
+    mode = fw.allows("sequence_parallel")
+    values = {
+        "zero": zero,
+        "recompute": fw.defaults["recompute"],
+        "sp": (tp > 1) and (mode == "with_tp" or (mode == "optional" and fw.defaults["sp"])),
+        "vp": 1,
+        "etp": 1,
+    }
+    return {k: v for k, v in values.items() if unknown[k]}
+
+
+def options(fw: FrameworkSpec, row: pd.Series, unknown: pd.Series, layers: int) -> list[dict]:
+    """Every combination of values the framework could have used for the row's unknowns."""
+    tp, pp = int(row["tp"]), int(row["pp"])
+    choices: dict[str, list] = {}
+    if unknown["zero"]:
+        choices["zero"] = list(fw.allows("zero_with_pp") if pp > 1 else fw.allows("zero"))
+    if unknown["recompute"]:
+        choices["recompute"] = list(fw.allows("recompute"))
+    if unknown["sp"]:
+        mode = fw.allows("sequence_parallel")
+        choices["sp"] = [tp > 1] if mode == "with_tp" else ([False, True] if tp > 1 else [False])
+        if mode == "never":
+            choices["sp"] = [False]
+    if unknown["vp"]:
+        extra = [v for v in VP_CHOICES if layers % (pp * v) == 0]
+        choices["vp"] = [1] + (extra if fw.allows("interleaving") else [])
+    if unknown["etp"]:
+        choices["etp"] = sorted({1, tp}) if fw.allows("expert_tensor_parallel") else [1]
+    names = list(choices)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*choices.values())]
+
+
+def resolve(
+    rows: TrainingRows, failed: np.ndarray | None = None
+) -> tuple[TrainingRows, pd.DataFrame]:
+    """The rows with their unknowns chosen, and one `resolved_<dimension>` column per
+    resolvable dimension (the value estimated, chosen or stated). `failed` marks rows whose
+    run failed: they take the framework's defaults."""
+    table = rows.layouts
+    failed = np.zeros(len(table), bool) if failed is None else np.asarray(failed, bool)
+    todo = np.flatnonzero(rows.unknown.any(axis=1).to_numpy())
+    picks: list[tuple[int, dict]] = []
+    for i in todo:
+        fw, row, unknown = rows.frameworks[i], table.iloc[i], rows.unknown.iloc[i]
+        if failed[i]:
+            picks.append((int(i), defaults(fw, row, unknown)))
+            continue
+        for choice in options(fw, row, unknown, rows.models[i].layers):
+            picks.append((int(i), choice))
+    chosen = table.copy()
+    if picks:
+        index = np.array([i for i, _ in picks])
+        trial = table.iloc[index].reset_index(drop=True)
+        chosen_values = pd.DataFrame([c for _, c in picks])
+        trial = chosen_values.combine_first(trial)[list(table.columns)]
+        trial = trial.astype(table.dtypes.to_dict())
+        full = trial["recompute"] == Recompute.FULL.value
+        trial["recompute_layers"] = trial["recompute_layers"].where(full, 0)
+        x = rows.inputs().take(index)
+        codes = layout.columns(trial)
+        x = replace(x, **{k: v.astype(x.tp.dtype) for k, v in codes.items()})
+        with np.errstate(all="ignore"):
+            out = evaluate(x)
+        runnable = np.ones(len(index), bool)
+        owners = np.array([id(rows.frameworks[i]) for i in index])
+        shape = {
+            "layers": np.broadcast_to(x.layers, (len(index),)),
+            "gbs": np.broadcast_to(x.gbs, (len(index),)),
+        }
+        for fw in {id(f): f for f in (rows.frameworks[i] for i in todo)}.values():
+            mine = owners == id(fw)
+            cols = {k: np.asarray(v)[mine] for k, v in {**codes, **shape}.items()}
+            for _, _, bad in frameworks.rules(fw, cols):
+                runnable[mine] &= ~np.broadcast_to(bad, (int(mine.sum()),))
+        fits = np.asarray(out["pred_fits"], bool) & runnable
+        speed = np.where(fits, out["pred_tokens_per_s_per_gpu"], -np.inf)
+        memory = np.where(runnable, out["pred_peak_mem_gb"], np.inf)
+        frame = pd.DataFrame({"row": index, "speed": speed, "memory": memory})
+        # The fastest that fits, else the smallest.
+        best = frame.sort_values(["row", "speed", "memory"], ascending=[True, False, True])
+        best = best.drop_duplicates("row", keep="first")
+        winners = trial.loc[best.index]
+        winners.index = table.index[best["row"].to_numpy()]
+        chosen.loc[winners.index] = winners
+    resolved = pd.DataFrame(
+        {f"resolved_{d}": chosen[d].to_numpy() for d in RESOLVABLE}, index=table.index
+    )
+    return replace(rows, layouts=chosen), resolved
+
+
+def read_resolved(df: pd.DataFrame) -> tuple[TrainingRows, pd.DataFrame]:
+    """A table of runs read and its unknowns resolved (a `status` column of oom or crash
+    marks failed runs)."""
+    status = (
+        df["status"].astype(str).str.lower() if "status" in df else pd.Series("", index=df.index)
+    )
+    failed = status.isin(["oom", "crash", "crash_or_oom"]).to_numpy()
+    return resolve(read_training_rows(df), failed)

@@ -1,0 +1,148 @@
+"""The framework enters the model only through what it does: the layouts it can run (search leaves
+the rest out and says how many; estimate refuses them naming the framework), the communication
+it overlaps, and ZeRO-3's per-micro-batch weight traffic priced on the network it crosses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import assert_user_error, run_cli
+
+from autoconfig import api, catalog
+from autoconfig.cost import evaluate
+from autoconfig.errors import UserError
+from autoconfig.resolve import read_resolved
+
+
+def test_megatron_search_never_proposes_zero2_or_fsdp_with_pipelining() -> None:
+    result = api.search("llama3-70b", 256, "h100-sxm-80gb", framework="megatron")
+    table = result.table
+    assert not (table["zero"] == 2).any()
+    assert not ((table["zero"] == 3) & (table["pp"] > 1)).any()
+    assert sum(result.left_out.values()) > 0  # and it says how many it left out
+
+
+def test_composer_runs_no_pipeline_and_no_tensor_parallelism() -> None:
+    table = api.search("llama3-8b", 64, "h100-sxm-80gb", framework="composer").table
+    assert len(table) > 0
+    assert (table["pp"] == 1).all()
+
+
+def test_estimate_refuses_what_the_framework_cannot_run() -> None:
+    with pytest.raises(UserError, match=r"zero: megatron .*ZeRO"):
+        api.estimate("llama3-8b", "h100-sxm-80gb", 16, tp=2, pp=2, zero=2, framework="megatron")
+    # torchtitan runs FSDP with pipelining
+    row = api.estimate("llama3-8b", "h100-sxm-80gb", 16, tp=2, pp=2, zero=3, framework="torchtitan")
+    assert row["framework"].iloc[0] == "torchtitan"
+
+
+def test_overlapped_communication_is_not_charged_as_exposed() -> None:
+    layout = {"tp": 8, "pp": 4, "vp": 1, "mbs": 1, "gbs": 512, "zero": 1, "sp": True}
+    megatron = api.estimate("llama3-70b", "h100-sxm-80gb", 256, framework="megatron", **layout)
+    plain = api.estimate("llama3-70b", "h100-sxm-80gb", 256, framework="nanotron", **layout)
+    # Megatron overlaps TP communication (userbuffers) and the gradient reduce-scatter
+    assert float(megatron["time_tp_comm_s"].iloc[0]) < float(plain["time_tp_comm_s"].iloc[0])
+    assert float(megatron["pred_step_time_s"].iloc[0]) < float(plain["pred_step_time_s"].iloc[0])
+
+
+def test_zero3_across_nodes_pays_for_its_weight_traffic() -> None:
+    """gpt3-175b, ZeRO-3 on 1536 A100: each micro-batch gathers the fp16 model (350 GB) for
+    forward and again for backward and reduce-scatters its gradients. Each node must bring
+    the whole model in through its eight 25 GB/s NICs for every pass (its own GPUs hold
+    8/1536 of it): three passes at line rate are a floor on the exposed time, since one
+    micro-batch per step leaves only the layers' own compute to hide behind."""
+    row = api.estimate(
+        "gpt3-175b",
+        "a100-sxm-80gb",
+        1536,
+        zero=3,
+        mbs=1,
+        gbs=1536,
+        seq_len=2048,
+        recompute="full",
+        precision="fp16",
+        framework="torchtitan",
+    ).iloc[0]
+    cluster = catalog.get_gpu("a100-sxm-80gb").cluster
+    node_in = cluster.gpus_per_node * cluster.inter_node_gb_s * 1e9
+    passes = 3 * 350e9 / node_in
+    assert float(row["time_dp_comm_s"]) > passes
+    assert float(row["pred_mfu"]) < 0.514  # below the best published 3D-parallel run
+
+
+def test_search_ranks_3d_parallelism_above_zero3_for_175b_on_a100() -> None:
+    result = api.search("gpt3-175b", 1024, "a100-sxm-80gb", framework="torchtitan")
+    feasible = result.table[result.table["pred_fits"]]
+    best = feasible.iloc[0]
+    best_zero3_pure_dp = feasible[(feasible["zero"] == 3) & (feasible["tp"] == 1)]
+    assert best["tp"] > 1 or best["pp"] > 1
+    if len(best_zero3_pure_dp):
+        ratio = (
+            best_zero3_pure_dp["pred_tokens_per_s_per_gpu"].iloc[0]
+            / best["pred_tokens_per_s_per_gpu"]
+        )
+        assert ratio < 0.9
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["search", "--model", "llama3-8b", "--gpus", "8", "--framework", "megatorn"], "framework"),
+        (
+            [
+                "estimate",
+                "--model",
+                "llama3-8b",
+                "--gpus",
+                "16",
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+                "--zero",
+                "2",
+                "--framework",
+                "megatron",
+            ],
+            "megatron",
+        ),
+        (["search", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h10"], "h100"),
+    ],
+)
+def test_cli_framework_refusals_are_one_line(args: list[str], needle: str) -> None:
+    assert_user_error(run_cli(*args), needle)
+
+
+def test_resolved_unknowns_are_what_the_framework_could_run() -> None:
+    """A published row that leaves ZeRO and recompute unknown is evaluated with the framework's
+    choices that fit, so a layout that ran is not refused by a guessed default."""
+    row = {
+        "model": "llama3-405b",
+        "layers": "126",
+        "hidden": "16384",
+        "heads": "128",
+        "kv_heads": "8",
+        "ffn_hidden": "53248",
+        "vocab": "128256",
+        "gpu": "h100-sxm-80gb",
+        "num_gpus": "16384",
+        "framework": "megatron",
+        "tp": "8",
+        "pp": "16",
+        "vp": "unknown",
+        "cp": "1",
+        "ep": "1",
+        "dp": "128",
+        "sp": "unknown",
+        "mbs": "1",
+        "gbs": "2048",
+        "seq_len": "8192",
+        "recompute": "unknown",
+        "zero": "unknown",
+        "precision": "bf16",
+        "status": "ok",
+    }
+    rows, _ = read_resolved(pd.DataFrame([row]))
+    assert rows.errors.iloc[0] == ""
+    assert bool(np.asarray(evaluate(rows.inputs())["pred_fits"])[0])
