@@ -115,15 +115,20 @@ def apply_dp(model: nn.Module, cfg: TrainConfig, mesh: DeviceMesh, bf16: bool) -
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig, mesh: DeviceMesh | None):
-    """AdamW; with ZeRO-1 its states are sharded over DP by ZeroRedundancyOptimizer."""
-    kwargs = {"lr": cfg.lr, "betas": (0.9, 0.95), "weight_decay": 0.1, "foreach": False}
+    """AdamW, or plain SGD (cfg.optimizer); with ZeRO-1 its states are sharded over DP by
+    ZeroRedundancyOptimizer."""
+    if cfg.optimizer == "sgd":
+        optimizer_class, kwargs = torch.optim.SGD, {"lr": cfg.lr}
+    else:
+        optimizer_class = torch.optim.AdamW
+        kwargs = {"lr": cfg.lr, "betas": (0.9, 0.95), "weight_decay": 0.1, "foreach": False}
     if cfg.zero == 1 and mesh is not None and cfg.resolved_dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(
             params,
-            optimizer_class=torch.optim.AdamW,
+            optimizer_class=optimizer_class,
             process_group=mesh["dp"].get_group(),
             **kwargs,
         )
-    return torch.optim.AdamW(params, **kwargs)
+    return optimizer_class(params, **kwargs)
