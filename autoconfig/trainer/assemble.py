@@ -87,5 +87,6 @@ def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunM
                 peak = catalog.get_gpu(profile).peak("bf16")
                 metrics.mfu = metrics.model_tflops_per_gpu / peak
         metrics.slice_layer = ranks[0].get("slice_layer")
+        metrics.routing = ranks[0].get("routing")
     write_json(out / "metrics.json", metrics.model_dump(mode="json"))
     return metrics

@@ -38,6 +38,13 @@ class TrainConfig(Layout):
         description="the trainer runs plain data parallelism unless asked: its ZeRO-1 does not "
         "yet combine with tensor parallelism",
     )
+    capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description="MoE: an expert takes at most ceil(c * tokens * topk / experts) of a rank's "
+        "token assignments, the earliest first; the rest are dropped and counted (default: "
+        "no limit)",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
         description="auto: bf16 on GPU, fp32 on CPU. bf16 on GPU is autocast with fp32 master "
