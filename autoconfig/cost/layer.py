@@ -145,6 +145,16 @@ def layer_ops(x: CostInputs) -> list[Op]:
             gemm_n=up_width / t,
             weight_bytes=2.0 * h * np.where(gated, 2.0, 1.0) * mlp_weights / t,
         ),
+        # MoE: a token goes to its top-k experts as k copies, the expert GEMMs' inputs (the
+        # router above keeps the token itself), and the combine keeps each expert output for
+        # its gate's gradient (d gate = <d out, expert out>). Neither is split by tp: every
+        # rank of a tp group holds all routed rows (its outputs are partial sums over its ffn
+        # shard). The routing keeps per copy torch.topk's int64 expert index, the int64
+        # permutation sorting the copies by expert, and the fp32 gate weight. Their time
+        # (permutation kernels) is not modelled.
+        Op("expert_dispatch", "memory", saved=moe * x.topk * gemm_in * h, kernels=0.0),
+        Op("expert_combine", "memory", saved=moe * x.topk * 2.0 * h, kernels=0.0),
+        Op("routing", "memory", saved=moe * x.topk * (8.0 + 8.0 + 4.0), kernels=0.0),
         Op("activation", "memory", saved=act_saved / t, moved=act_moved / t),
         Op(
             "mlp_down",
