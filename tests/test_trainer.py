@@ -23,7 +23,8 @@ STEPS = 3
 BASE = {"steps": STEPS, "warmup": 1, "device": "cpu", "precision": "fp32", "gbs": 4}
 # Plain SGD: unlike Adam (which normalises updates) its update shows any error in a gradient.
 # The tiny models' gradients are small (init std 0.02): at lr 10 three steps move the loss by
-# 1.1e-2 relative from an untrained run (at lr 0.01 by 1.3e-6, inside the tolerance below).
+# 1.1e-2 relative from an untrained run (at lr 0.01 a step moved 2-layer tiny-llama's loss by
+# 1.3e-6, inside the tolerance below).
 TRAIN = {"optimizer": "sgd", "lr": 10.0}
 
 # Every parallel run sums and shards in another order than one process, so fp32 losses differ
@@ -237,8 +238,7 @@ def test_slice_mode_builds_the_per_rank_shapes(tmp_path) -> None:
 
 def test_a_search_result_becomes_a_trainer_configuration(tmp_path) -> None:
     ranked = search("tiny-llama", 4, "h100-sxm-80gb", seq_len=128, gbs=8).ranked
-    feasible = ranked[(ranked["cp"] == 1) & (ranked["zero"] != 1)]
-    row = feasible.iloc[0]
+    row = ranked.iloc[0]  # whatever layout ranks first
     cfg = config_from_search_row(row, "tiny-llama", seq_len=128, gbs=8, steps=2, warmup=1,
                                  device="cpu", precision="fp32")  # fmt: skip
     assert (cfg.tp, cfg.pp, cfg.resolved_dp, cfg.mbs) == (row.tp, row.pp, row.dp, row.mbs)
