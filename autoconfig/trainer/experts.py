@@ -6,7 +6,7 @@ are taken within dp*cp, each holding num_experts/ep experts; the expert tensor-p
 equals tp (expert weights column/row-sharded like a dense MLP), so the tp ranks of a group
 route the same (sequence-gathered) tokens and the expert outputs are summed over tp once per
 layer. With a capacity factor c, an expert takes at most ceil(c * tokens * topk / experts) of a
-rank's token assignments, the earliest first (GShard, Lepikhin et al. 2020, Sec. 2.2); the
+rank's token assignments, the earliest first (GShard, Lepikhin et al. 2020); the
 others are dropped (their routed output is zero, the residual carries them) and counted.
 """
 
@@ -58,6 +58,7 @@ class LocalExperts(nn.Module):
         index saved for it."""
         experts = list(self.experts.values())
         pieces = tokens.split([n for per_source in counts for n in per_source])
+        # Piece i comes from source i // len(experts) for local expert i % len(experts).
         return torch.cat([experts[i % len(experts)].local_forward(p) for i, p in enumerate(pieces)])
 
 
