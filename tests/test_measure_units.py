@@ -40,11 +40,13 @@ def test_candidates_are_feasible_and_checked_by_the_trainer(candidates) -> None:
     table = candidates.table
     assert table["key"].is_unique
     assert table["analytical_rank"].tolist() == list(range(1, len(table) + 1))
-    # The trainer runs ZeRO-1 through DDP's ZeroRedundancyOptimizer, which cannot shard
-    # DTensor parameters: those layouts carry the trainer's reason and are never proposed.
+    # ZeRO-1 with tp > 1 runs now (the sharded optimizer shards DTensor parameters). With a
+    # small gbs the search still proposes pipelines with fewer micro-batches than stages,
+    # which the trainer's 1F1B schedule refuses: the only refusal left here.
     zero1_tp = (table["zero"] == 1) & (table["tp"] > 1)
-    assert zero1_tp.any() and table.loc[zero1_tp, "refused"].str.startswith("zero:").all()
-    assert (table.loc[~zero1_tp, "refused"].str.startswith("zero:")).sum() == 0
+    assert zero1_tp.any() and (table.loc[zero1_tp & (table["pp"] == 1), "refused"] == "").all()
+    refused = table.loc[table["refused"] != "", "refused"]
+    assert refused.str.contains("micro-batches per step but pp").all()
     assert (table["refused"] == "").sum() > 100
 
 

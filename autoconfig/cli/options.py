@@ -69,6 +69,7 @@ def measure_options(flags: dict[str, Any], cpu: bool) -> MeasureOptions:
         storage=f["storage"],
         resume=f["resume"],
         trial_memory_gb=f["trial_memory_gb"],
+        capacity_factor=f.get("capacity_factor"),  # training trials only
         seed=f["seed"],
         slurm=SlurmOptions(
             partition=f["slurm_partition"],

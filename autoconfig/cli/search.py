@@ -77,6 +77,11 @@ def search(
     trial_memory_gb: float = typer.Option(
         None, help="per-rank memory cap of each trial", rich_help_panel=MEASURE
     ),
+    capacity_factor: float = typer.Option(
+        None,
+        help="MoE trials: tokens an expert takes, as a multiple of its even share (default: all)",
+        rich_help_panel=MEASURE,
+    ),
     storage: str = typer.Option(
         None, help="Optuna storage URL (default sqlite in --out)", rich_help_panel=MEASURE
     ),

@@ -28,6 +28,9 @@ def train(
     recompute: Recompute = typer.Option(Recompute.NONE),
     recompute_layers: int = typer.Option(None, help="with full: layers per stage recomputed"),
     zero: int = typer.Option(0, help="0 DDP, 1 +sharded optimizer, 2/3 FSDP2"),
+    capacity_factor: float = typer.Option(
+        None, help="MoE: tokens an expert takes, as a multiple of its even share (default: all)"
+    ),
     precision: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp32"),
     device: Device = typer.Option(Device.AUTO),
     steps: int = typer.Option(10),
@@ -61,6 +64,7 @@ def train(
             "recompute": recompute.value,
             "recompute_layers": recompute_layers,
             "zero": zero,
+            "capacity_factor": capacity_factor,
             "precision": precision,
             "device": device.value,
             "steps": steps,

@@ -46,6 +46,7 @@ class MeasureOptions:
     storage: str | None = None
     resume: bool = False
     trial_memory_gb: float | None = None
+    capacity_factor: float | None = None  # MoE trials: the experts' token capacity
     seed: int = 0
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
@@ -83,6 +84,8 @@ def trial_overrides(opts: MeasureOptions, device: str, gpu: str) -> dict[str, ob
     }
     if opts.trial_memory_gb is not None:
         overrides["memory_limit_gb"] = opts.trial_memory_gb
+    if opts.capacity_factor is not None:
+        overrides["capacity_factor"] = opts.capacity_factor
     return overrides
 
 

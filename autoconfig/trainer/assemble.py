@@ -10,7 +10,7 @@ from autoconfig import catalog
 from autoconfig.fileio import write_json
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.metrics import RankMemory, RunMetrics, median_after_warmup
-from autoconfig.trainer.prediction import predicted
+from autoconfig.trainer.prediction import CPU_PROFILE, predicted
 
 GPU_PROFILES = (  # substring of torch.cuda.get_device_name -> GPU profile
     ("H200", "h200-sxm-141gb"),
@@ -22,8 +22,12 @@ GPU_PROFILES = (  # substring of torch.cuda.get_device_name -> GPU profile
 
 
 def gpu_profile(cfg: TrainConfig, device_names: list[str], device_type: str) -> str | None:
+    """The profile the run is predicted and its MFU taken with: --gpu, else the detected GPU,
+    else cpu-gloo for CPU ranks."""
     if cfg.gpu:
         return cfg.gpu
+    if device_type == "cpu":
+        return CPU_PROFILE
     if device_type != "cuda" or not device_names:
         return None
     for key, profile in GPU_PROFILES:
@@ -61,7 +65,7 @@ def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunM
         config=cfg.model_dump(mode="json"),
         environment=env,
         gpu_profile=profile,
-        predicted=predicted(cfg, profile),
+        predicted=predicted(cfg, profile, env["device_type"] if env else "cuda"),
     )
     if status == "ok":
         times = ranks[0]["step_times_s"]
@@ -87,5 +91,6 @@ def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunM
                 peak = catalog.get_gpu(profile).peak("bf16")
                 metrics.mfu = metrics.model_tflops_per_gpu / peak
         metrics.slice_layer = ranks[0].get("slice_layer")
+        metrics.routing = ranks[0].get("routing")
     write_json(out / "metrics.json", metrics.model_dump(mode="json"))
     return metrics

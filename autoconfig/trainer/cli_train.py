@@ -50,7 +50,7 @@ def show(m: RunMetrics, out: Path) -> None:
     table.add_column("measured", justify="right")
     table.add_column("predicted", justify="right")
     pred = m.predicted or {}
-    # Time and capacity predictions need the GPU's profile; activation bytes do not.
+    # Time and capacity predictions need a profile (cpu-gloo for CPU ranks); bytes do not.
     on_gpu = pred if m.gpu_profile is not None else {}
     peak = max((r.peak_allocated_gb or 0.0) for r in m.memory) if m.memory else 0.0
     rows = [

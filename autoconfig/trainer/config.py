@@ -35,8 +35,15 @@ class TrainConfig(Layout):
     gbs: int | None = Field(default=None, gt=0, description="default: dp*mbs*pp")
     zero: ZeroStage = Field(
         default=ZeroStage.NONE,
-        description="the trainer runs plain data parallelism unless asked: its ZeRO-1 does not "
-        "yet combine with tensor parallelism",
+        description="the trainer runs plain data parallelism unless asked; ZeRO shards over the "
+        "dp*cp ranks holding the same weights (nothing to shard when dp*cp is 1)",
+    )
+    capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description="MoE: an expert takes at most ceil(c * tokens * topk / experts) of a rank's "
+        "token assignments, the earliest first; the rest are dropped and counted (default: "
+        "no limit)",
     )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
@@ -187,31 +194,18 @@ class TrainConfig(Layout):
             ),
             (self.sp and tp == 1, "sp: sequence parallelism needs tp > 1"),
             (
-                self.sp and self.seq(spec) % self.tp != 0,
-                f"sp: tp {self.tp} does not divide seq_len {self.seq(spec)}",
+                self.sp and (self.seq(spec) // self.cp) % self.tp != 0,
+                f"sp: tp {self.tp} does not divide the {self.seq(spec) // self.cp} tokens of a "
+                f"sequence on one cp rank (seq_len {self.seq(spec)} / cp {self.cp})",
             ),
             (
-                self.cp > 1,
-                "cp: context parallelism is not available in the bundled trainer (torch's "
-                "context_parallel needs CUDA flash/efficient SDPA and is not wired in yet)",
+                spec.is_moe and self.tp > 1 and self.etp != self.tp,
+                f"etp: the bundled trainer splits experts over every tp rank (etp {self.tp}; "
+                f"got etp {self.etp})",
             ),
             (
-                self.ep > 1,
-                "ep: expert parallelism is not available in the bundled trainer yet "
-                "(experts are replicated; use ep 1)",
-            ),
-            (
-                self.etp > 1,
-                "etp: the bundled trainer does not split experts over tensor-parallel ranks",
-            ),
-            (
-                spec.is_moe and tp > 1,
-                "tp: the bundled trainer keeps MoE experts unsharded; use tp 1 for MoE models",
-            ),
-            (
-                self.zero == 1 and self.tp > 1 and not self.slice,
-                "zero: ZeRO-1 (DDP + ZeroRedundancyOptimizer) cannot shard DTensor (tp > 1) "
-                "parameters; use zero 0, 2 or 3 with tp > 1",
+                self.capacity_factor is not None and not spec.is_moe,
+                f"capacity_factor: only MoE models route tokens to experts ({spec.name} has none)",
             ),
             (
                 self.recompute == "op",
@@ -219,6 +213,8 @@ class TrainConfig(Layout):
                 "use none, selective or full",
             ),
             (self.slice and self.pp > 1, "pp: slice mode runs one device; use pp 1"),
+            (self.slice and self.cp > 1, "cp: slice mode runs one device; use cp 1"),
+            (self.slice and self.ep > 1, "ep: slice mode runs one device; use ep 1"),
             (
                 self.recompute_layers > spec.layers // self.pp,
                 f"recompute_layers: at most {spec.layers // self.pp} layers per stage",
@@ -246,6 +242,10 @@ class TrainConfig(Layout):
                 "decoding is not implemented)",
             ),
             (self.resolved_dp > 1, "dp: measure one replica (replicas are independent)"),
+            (
+                self.cp > 1 or self.ep > 1,
+                "cp: the bundled generator runs tensor parallelism only (use cp 1 and ep 1)",
+            ),
             (self.recompute != "none", "recompute: generation has no backward pass"),
             (self.slice, "slice: not available for generation"),
         ]

@@ -61,6 +61,11 @@ class RunMetrics(BaseModel):
     slice_layer: dict | None = Field(
         default=None, description="slice mode: per-layer forward/backward times and bytes"
     )
+    routing: dict | None = Field(
+        default=None,
+        description="MoE: the capacity factor, and the token-expert assignments routed and "
+        "dropped (over capacity) per step, summed over all layers and ranks",
+    )
     predicted: dict | None = Field(
         default=None, description="the cost model's figures for the same configuration"
     )

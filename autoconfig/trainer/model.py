@@ -1,13 +1,13 @@
 """The bundled decoder-only transformer: every architecture feature of the catalog.
 
 LayerNorm/RMSNorm, GELU/SwiGLU/squared-ReLU, learned or rotary positions, MHA/GQA through
-SDPA (flash on GPU and CPU), tied or untied embeddings, dropout, and top-k routed MoE (experts
-replicated on every rank: expert parallelism is not implemented yet). Linear layers carry no
-bias, as in Llama and as the cost model counts parameters.
+SDPA (flash on GPU and CPU), tied or untied embeddings, dropout, and top-k routed MoE
+(experts.py). Linear layers carry no bias, as in Llama and as the cost model counts parameters.
 
 Modules are plain `nn.Module`s working on rank-local tensors: the TP plan (parallel.py) turns
-the linears into DTensor-sharded ones, and attention infers its local head count from the
-sharded projection width, so one code path serves every layout.
+the linears into DTensor-sharded ones, attention infers its local head count from the sharded
+projection width, and with context parallelism (context.py) a rank holds its share of the
+sequence, so one code path serves every layout.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from autoconfig.specs import ModelSpec
 from autoconfig.trainer import ops
+from autoconfig.trainer.context import ContextParallel
+from autoconfig.trainer.experts import MoE
+from autoconfig.trainer.mlp import MLP
 
 
 def rope_tables(seq: int, head_dim: int, base: float = 500000.0) -> tuple[torch.Tensor, ...]:
@@ -50,15 +53,18 @@ class Attention(nn.Module):
         self.wv = nn.Linear(h, spec.kv * d, bias=False)
         self.wo = nn.Linear(spec.heads * d, h, bias=False)
         self.selective = False  # recompute the attention core in backward (set by the plan)
+        self.in_recomputed_block = False  # the whole layer is recomputed (set by the plan)
+        self.context: ContextParallel | None = None  # set with context parallelism
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v: (batch, seq, heads, head_dim) -> (batch, heads, seq, head_dim)."""
+        dropout = self.dropout if self.training else 0.0
+        if self.context is not None:
+            keep_shards = not (self.selective or self.in_recomputed_block)
+            return self.context.attention(q, k, v, dropout, keep_shards)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         return F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=q.shape[1] != k.shape[1],
+            q, k, v, is_causal=True, dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1]
         )
 
     def forward(
@@ -71,70 +77,19 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         out = ops.checkpointed(self.core, q, k, v) if self.selective else self.core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
-def _activation(kind: str, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-    if kind == "swiglu":
-        return F.silu(gate) * up
-    if kind == "squared_relu":
-        return F.relu(up).square()
-    return F.gelu(up, approximate="tanh")
-
-
-class MLP(nn.Module):
-    def __init__(self, hidden: int, width: int, kind: str) -> None:
-        super().__init__()
-        self.kind = kind
-        self.w1 = nn.Linear(hidden, width, bias=False)  # up
-        self.w3 = nn.Linear(hidden, width, bias=False) if kind == "swiglu" else None  # gate
-        self.w2 = nn.Linear(width, hidden, bias=False)  # down
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.w3(x) if self.w3 is not None else None
-        return self.w2(_activation(self.kind, self.w1(x), gate))
-
-
-class MoE(nn.Module):
-    """Top-k routed experts (softmax router, weights renormalised over the top k) plus
-    optional shared experts. Experts run over the tokens routed to them."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        width = spec.expert_ffn
-        self.topk = spec.topk
-        self.router = nn.Linear(spec.hidden, spec.num_experts, bias=False)
-        self.experts = nn.ModuleList(
-            MLP(spec.hidden, width, spec.mlp) for _ in range(spec.num_experts)
-        )
-        self.shared = (
-            MLP(spec.hidden, width * spec.shared_experts, spec.mlp) if spec.shared_experts else None
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        probs = self.router(flat).float().softmax(-1)
-        weight, chosen = probs.topk(self.topk, dim=-1)
-        weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            token, slot = torch.nonzero(chosen == e, as_tuple=True)
-            if token.numel():
-                out = out.index_add(0, token, expert(flat[token]) * weight[token, slot, None])
-        if self.shared is not None:
-            out = out + self.shared(flat)
-        return out.view_as(x)
-
-
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, capacity_factor: float | None = None) -> None:
         super().__init__()
         self.attn_norm = ops.Norm(spec.hidden, spec.norm)
         self.attn = Attention(spec)
         self.mlp_norm = ops.Norm(spec.hidden, spec.norm)
-        self.mlp = MoE(spec) if spec.is_moe else MLP(spec.hidden, spec.ffn, spec.mlp)
+        self.mlp = (
+            MoE(spec, capacity_factor) if spec.is_moe else MLP(spec.hidden, spec.ffn, spec.mlp)
+        )
         self.dropout = 0.1 if spec.dropout else 0.0
         self.recompute = False  # full recompute of this layer (set by the plan)
 
@@ -161,6 +116,7 @@ class Transformer(nn.Module):
         layer_ids: list[int] | None = None,
         first: bool = True,
         last: bool = True,
+        capacity_factor: float | None = None,
     ) -> None:
         super().__init__()
         self.spec, self.first, self.last = spec, first, last
@@ -168,7 +124,7 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden) if first else None
         learned = spec.position == "learned"
         self.pos_embeddings = nn.Embedding(seq_len, spec.hidden) if first and learned else None
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in ids})
+        self.layers = nn.ModuleDict({str(i): Block(spec, capacity_factor) for i in ids})
         self.norm = ops.Norm(spec.hidden, spec.norm) if last else None
         tie_here = spec.tied_embeddings and first and last
         self.output = (
@@ -181,6 +137,9 @@ class Transformer(nn.Module):
         # Set by the TP plan with sequence parallelism: this rank's sequence shard.
         self.seq_shard: tuple[int, int] = (0, 1)
         self.pos_grad_group = None
+        # Set with context parallelism: the rank's share of the sequence (its rope tables
+        # are then the rows of its positions).
+        self.context: ContextParallel | None = None
 
     def init_weights(self, seed: int) -> None:
         """Deterministic init with one generator per tensor (keyed by global layer index, or
@@ -222,7 +181,7 @@ class Transformer(nn.Module):
         rope = None
         if self.rope_cos is not None:
             # With sequence parallelism a rank holds a contiguous sequence shard between
-            # blocks, but attention always sees the full sequence (TP all-gathers it).
+            # blocks, but attention always sees the rank's whole sequence (TP all-gathers it).
             rope = (self.rope_cos, self.rope_sin)
         for block in self.layers.values():
             x = block(x, rope)
@@ -234,12 +193,14 @@ class Transformer(nn.Module):
         return self._tied_head(x)
 
     def _positions(self, seq: int, device: torch.device) -> torch.Tensor:
+        """Learned position embeddings of this rank's tokens (its CP share, its SP shard)."""
         rank, size = self.seq_shard
         local = seq // size
         weight = self.pos_embeddings.weight
         if self.pos_grad_group is not None:
             weight = ops.AllReduceGrad.apply(weight, self.pos_grad_group)
-        return F.embedding(torch.arange(rank * local, (rank + 1) * local, device=device), weight)
+        mine = self.context.positions if self.context is not None else torch.arange(seq)
+        return F.embedding(mine[rank * local : (rank + 1) * local].to(device), weight)
 
     def _tied_head(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.tok_embeddings.weight

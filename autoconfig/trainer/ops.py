@@ -137,10 +137,16 @@ class SavedBytes:
 ACTIVE: list[SavedBytes] = []
 
 
+def record_saved(t: object) -> None:
+    """Reports a tensor kept for backward to the counter measuring now, for code whose own
+    saved-tensor handling hides it from the counter's hooks."""
+    if ACTIVE:
+        ACTIVE[-1].add(t)
+
+
 def checkpointed(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
     """Activation checkpointing (non-reentrant): only the inputs stay alive until backward,
     so those are what the counter records."""
-    if ACTIVE:
-        for a in args:
-            ACTIVE[-1].add(a)
+    for a in args:
+        record_saved(a)
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True)

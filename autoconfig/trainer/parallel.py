@@ -1,14 +1,15 @@
-"""Applies a layout to a model with PyTorch's own APIs: the (pp, dp, tp) device mesh, TP/SP
-through DTensor `parallelize_module`, recompute flags, and data parallelism (DDP, DDP +
-ZeroRedundancyOptimizer, FSDP2 `fully_shard`)."""
+"""Applies a layout to a model with PyTorch's own APIs: TP/SP through DTensor
+`parallelize_module` (experts sharded the same way), context and expert parallelism
+(context.py, experts.py), recompute flags, and data parallelism (DDP, FSDP2 `replicate` and
+`fully_shard`, ZeRO-1 through sharded_optimizer.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -18,40 +19,44 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 
 from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.context import ContextParallel
+from autoconfig.trainer.experts import LocalExperts, MoE, TokenDispatcher
+from autoconfig.trainer.mesh import Meshes
+from autoconfig.trainer.mlp import MLP
 from autoconfig.trainer.model import Transformer
-
-
-def build_mesh(cfg: TrainConfig, device_type: str) -> DeviceMesh:
-    """Ranks laid out pp-major, tp-minor: TP groups are neighbours (same node), as Megatron."""
-    return init_device_mesh(
-        device_type, (cfg.pp, cfg.resolved_dp, cfg.tp), mesh_dim_names=("pp", "dp", "tp")
-    )
+from autoconfig.trainer.sharded_optimizer import ShardedOptimizer
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Megatron's layout: q/k/v and MLP up/gate column-parallel, out/down row-parallel,
     vocab-parallel embedding and head. With SP, norms and residuals hold a sequence shard
-    (Shard(1)) and the block inputs are all-gathered before the column-parallel linears."""
+    (Shard(1)) and the block inputs are all-gathered before the column-parallel linears.
+    Experts (and shared experts) are sharded the same way (Megatron-LM's expert tensor
+    parallelism equal to tp) and reduced over tp once per layer (experts.py)."""
     seq = Shard(1) if sp else Replicate()
     group = tp_mesh.get_group() if sp else None
     for block in model.layers.values():
-        plan = {
+        plan: dict[str, object] = {
             "attn.wq": ColwiseParallel(),
             "attn.wk": ColwiseParallel(),
             "attn.wv": ColwiseParallel(),
             "attn.wo": RowwiseParallel(output_layouts=seq),
-            "mlp.w1": ColwiseParallel(),
-            "mlp.w2": RowwiseParallel(output_layouts=seq),
         }
-        if block.mlp.w3 is not None:
-            plan["mlp.w3"] = ColwiseParallel()
         if sp:
             plan["attn"] = PrepareModuleInput(
                 input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)
             )
-            plan["mlp"] = PrepareModuleInput(
-                input_layouts=(seq,), desired_input_layouts=(Replicate(),)
-            )
+        if isinstance(block.mlp, MoE):
+            _shard_experts(block.mlp, tp_mesh, seq)
+        else:
+            plan["mlp.w1"] = ColwiseParallel()
+            plan["mlp.w2"] = RowwiseParallel(output_layouts=seq)
+            if block.mlp.w3 is not None:
+                plan["mlp.w3"] = ColwiseParallel()
+            if sp:
+                plan["mlp"] = PrepareModuleInput(
+                    input_layouts=(seq,), desired_input_layouts=(Replicate(),)
+                )
         parallelize_module(block, tp_mesh, plan)
         block.attn_norm.grad_group = group
         block.mlp_norm.grad_group = group
@@ -74,6 +79,48 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
         model.pos_grad_group = group
 
 
+def _shard_experts(moe: MoE, tp_mesh: DeviceMesh, seq: Shard | Replicate) -> None:
+    """Each expert MLP's up/gate rows and down columns split over tp (DTensor parameters the
+    MoE computes with through their local shards)."""
+    mlps: list[MLP] = [*moe.experts.experts.values()]
+    if moe.shared is not None:
+        mlps.append(moe.shared)
+    for mlp in mlps:
+        for name, dim in (("w1", 0), ("w3", 0), ("w2", 1)):
+            linear = getattr(mlp, name)
+            if linear is not None:
+                # src_data_rank=None: every rank built the same full weight; no scatter.
+                shard = distribute_tensor(
+                    linear.weight.detach(), tp_mesh, [Shard(dim)], src_data_rank=None
+                )
+                linear.weight = nn.Parameter(shard)
+    moe.tp_mesh, moe.seq_layout = tp_mesh, seq
+
+
+def apply_cp(model: Transformer, cp_mesh: DeviceMesh, seq: int, dtype: torch.dtype) -> None:
+    """This rank's share of the sequence (context.py) for the model and every attention;
+    its rope tables become the rows of its positions."""
+    device = next(model.parameters()).device
+    context = ContextParallel(cp_mesh, seq, dtype, device)
+    model.context = context
+    for block in model.layers.values():
+        block.attn.context = context
+    if model.rope_cos is not None:
+        model.rope_cos = model.rope_cos[context.positions]
+        model.rope_sin = model.rope_sin[context.positions]
+
+
+def apply_ep(model: Transformer, ep_mesh: DeviceMesh) -> None:
+    """Rank i of the ep group keeps experts [i*E/ep, (i+1)*E/ep) and exchanges tokens with
+    the group (experts.py)."""
+    rank, size = ep_mesh.get_local_rank(), ep_mesh.size()
+    for block in model.layers.values():
+        if isinstance(block.mlp, MoE):
+            local = block.mlp.num_experts // size
+            block.mlp.experts.keep(rank * local, local)
+            block.mlp.dispatcher = TokenDispatcher(block.mlp.num_experts, ep_mesh)
+
+
 def apply_recompute(model: Transformer, cfg: TrainConfig) -> None:
     """full: the first k layers of the stage (all by default) keep only their input;
     selective: the attention core is recomputed (Megatron-LM's selective recompute)."""
@@ -82,19 +129,31 @@ def apply_recompute(model: Transformer, cfg: TrainConfig) -> None:
         k = min(cfg.recompute_layers or len(blocks), len(blocks))  # 0: every layer
         for block in blocks[:k]:
             block.recompute = True
+            block.attn.in_recomputed_block = True
     elif cfg.recompute == "selective":
         for block in blocks:
             block.attn.selective = True
 
 
-def apply_dp(model: nn.Module, cfg: TrainConfig, mesh: DeviceMesh, bf16: bool) -> nn.Module:
-    """ZeRO-3: FSDP2 resharding after forward; ZeRO-2: FSDP2 keeping the gathered weights
-    through backward (gradients and optimizer states sharded); ZeRO-0/1: DDP (gradients
-    all-reduced; ZeRO-1 adds ZeroRedundancyOptimizer in make_optimizer). DDP cannot wrap
-    DTensor parameters, so with tp > 1 ZeRO-0 uses FSDP2's `replicate` (DDP semantics)."""
-    dp_mesh = mesh["dp"]
-    if cfg.resolved_dp == 1:
+def _expert_modules(model: nn.Module) -> list[LocalExperts]:
+    return [m for m in model.modules() if isinstance(m, LocalExperts)]
+
+
+def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -> nn.Module:
+    """Gradients are reduced over the dp*cp ranks holding the same weights (CP ranks hold the
+    same weights and see other tokens), expert gradients over the edp ranks holding the same
+    experts. ZeRO-3: FSDP2 resharding after forward; ZeRO-2: FSDP2 keeping the gathered
+    weights through backward (gradients and optimizer states sharded); ZeRO-1: no wrapper,
+    the sharded optimizer reduce-scatters (make_optimizer); ZeRO-0: DDP, or FSDP2's
+    `replicate` (DDP semantics) where DDP cannot go: DTensor (tp > 1) parameters, or experts
+    reduced over another group than the rest (ep > 1)."""
+    if meshes.dp_cp.size() == 1 or cfg.zero == 1:
         return model
+    separate_experts = cfg.ep > 1
+    # Every rank's loss is the mean over its own tokens, and an expert's gradient sums what
+    # the tokens of all ep ranks sent it: the mean over dp*cp is the sum over edp divided by
+    # dp*cp, not by edp (Megatron-LM scales expert gradients by 1/dp as well).
+    expert_divide = float(meshes.dp_cp.size())
     if cfg.zero >= 2:
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if bf16 else None,
@@ -102,28 +161,61 @@ def apply_dp(model: nn.Module, cfg: TrainConfig, mesh: DeviceMesh, bf16: bool) -
         )
         reshard = cfg.zero == 3
         for block in model.layers.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+            if separate_experts and isinstance(block.mlp, MoE):
+                fully_shard(
+                    block.mlp.experts,
+                    mesh=meshes.edp,
+                    reshard_after_forward=reshard,
+                    mp_policy=policy,
+                )
+                block.mlp.experts.set_gradient_divide_factor(expert_divide)
+            fully_shard(block, mesh=meshes.dp_cp, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(model, mesh=meshes.dp_cp, reshard_after_forward=reshard, mp_policy=policy)
         return model
-    if cfg.tp > 1:
+    if cfg.tp > 1 or separate_experts:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        replicate(model, mesh=dp_mesh)
+        if separate_experts:
+            for experts in _expert_modules(model):
+                replicate(experts, mesh=meshes.edp)
+                experts.set_gradient_divide_factor(expert_divide)
+        replicate(model, mesh=meshes.dp_cp)
         return model
     device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+    # No buffer broadcast: the buffers (rope tables) are constants, and with context
+    # parallelism each rank holds the rows of its own positions.
+    return DistributedDataParallel(
+        model,
+        process_group=meshes.dp_cp.get_group(),
+        device_ids=device_ids,
+        broadcast_buffers=False,
+    )
 
 
-def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig, mesh: DeviceMesh | None):
-    """AdamW; with ZeRO-1 its states are sharded over DP by ZeroRedundancyOptimizer."""
-    kwargs = {"lr": cfg.lr, "betas": (0.9, 0.95), "weight_decay": 0.1, "foreach": False}
-    if cfg.zero == 1 and mesh is not None and cfg.resolved_dp > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+def make_optimizer(chunks: list[nn.Module], cfg: TrainConfig, meshes: Meshes | None):
+    """AdamW (or plain SGD); with ZeRO-1 over dp*cp its states are sharded by
+    ShardedOptimizer (expert parameters over their own edp group)."""
 
-        return ZeroRedundancyOptimizer(
-            params,
-            optimizer_class=torch.optim.AdamW,
-            process_group=mesh["dp"].get_group(),
-            **kwargs,
+    def inner(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=cfg.lr)
+        return torch.optim.AdamW(
+            params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1, foreach=False
         )
-    return torch.optim.AdamW(params, **kwargs)
+
+    params = [p for m in chunks for p in m.parameters()]
+    if cfg.zero != 1 or meshes is None or meshes.dp_cp.size() == 1:
+        return inner(params)
+    experts = (
+        {id(p) for m in chunks for e in _expert_modules(m) for p in e.parameters()}
+        if cfg.ep > 1
+        else set()
+    )
+    dense = [p for p in params if id(p) not in experts]
+    routed = [p for p in params if id(p) in experts]
+    dp_cp = meshes.dp_cp.size()
+    buckets = [(dense, meshes.dp_cp.get_group(), dp_cp)]
+    if routed:
+        # Summed over the ranks holding the same experts, divided by dp*cp (see apply_dp).
+        buckets.append((routed, meshes.edp.get_group(), dp_cp))
+    return ShardedOptimizer(buckets, inner)

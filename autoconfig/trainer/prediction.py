@@ -14,7 +14,21 @@ from autoconfig.cost.inference import evaluate_serving
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.vocab import KvPrecision, ServePrecision
 
-DEFAULT_PROFILE = "h100-sxm-80gb"  # for memory parts when no GPU ran (CPU runs)
+DEFAULT_PROFILE = "h100-sxm-80gb"  # when no profile is known (a run that never started)
+CPU_PROFILE = "cpu-gloo"  # the bundled trainer's ranks on CPU cores, gloo over loopback
+
+# What the cost model counts in 16 bits (activations, weights) or as fp32 master weights plus
+# Adam's m and v (12 bytes/param), and what an fp32 run (CPU, precision auto or fp32) holds
+# instead: every activation and weight in 4 bytes, m and v (8 bytes/param) and no master copy.
+FP32_SCALE = {
+    "act_bytes_per_layer": 2.0,
+    "mem_activations_gb": 2.0,
+    "mem_pipeline_in_flight_gb": 2.0,
+    "mem_logits_embedding_gb": 2.0,
+    "mem_transient_gb": 2.0,
+    "mem_weights_gb": 2.0,
+    "mem_optimizer_gb": 8.0 / 12.0,
+}
 
 
 def _plain(preds: dict, prefixes: tuple[str, ...]) -> dict:
@@ -63,15 +77,42 @@ def training_inputs_of_runs(configs: list[TrainConfig], profiles: list[str]) -> 
     )
 
 
-def predicted(cfg: TrainConfig, profile: str | None) -> dict | None:
-    """The cost model's figures for this run (on CPU only the memory parts mean anything)."""
+def runs_fp32(cfg: TrainConfig, device_type: str) -> bool:
+    """Whether the ranks hold activations and weights in fp32: on CPU unless asked for bf16
+    (on GPU, precision auto and bf16 are autocast to bf16)."""
+    return cfg.precision == "fp32" or (device_type != "cuda" and cfg.precision != "bf16")
+
+
+def as_fp32(out: dict, profile: str) -> dict:
+    """The cost model's 16-bit memory figures as an fp32 run holds them (FP32_SCALE); the
+    peak grows by the difference plus the profile's proportional overhead on it."""
+    scaled = dict(out)
+    for key, factor in FP32_SCALE.items():
+        if key in scaled:
+            scaled[key] = out[key] * factor
+    grown = sum(scaled[k] - out[k] for k in FP32_SCALE if k.endswith("_gb") and k in out)
+    if "pred_peak_mem_gb" in out:
+        overhead = catalog.get_gpu(profile).efficiency.memory_overhead
+        scaled["pred_peak_mem_gb"] = out["pred_peak_mem_gb"] + grown * (1.0 + overhead)
+    return scaled
+
+
+def predicted(cfg: TrainConfig, profile: str | None, device_type: str = "cuda") -> dict | None:
+    """The cost model's figures for this run as it ran: its layout (cp and ep included), the
+    GPU profile (cpu-gloo for CPU ranks) and the precision its ranks held (FP32_SCALE)."""
+    if profile is None:
+        profile = CPU_PROFILE if device_type == "cpu" else DEFAULT_PROFILE
     try:
         if cfg.task == "generate":
-            return predicted_serving(cfg, profile)
-        inputs = training_inputs_of_runs([cfg], [profile or DEFAULT_PROFILE])
+            return predicted_serving(cfg, profile if device_type == "cuda" else None)
+        inputs = training_inputs_of_runs([cfg], [profile])
         with np.errstate(all="ignore"):
             out = _plain(evaluate(inputs), ("pred_", "mem_", "time_", "act_"))
     except Exception as exc:  # a prediction must never cost the measurement
         return {"error": str(exc)}
-    out["gpu_profile"] = profile or f"{DEFAULT_PROFILE} (no GPU: memory parts only)"
+    fp32 = runs_fp32(cfg, device_type)
+    if fp32:
+        out = as_fp32(out, profile)
+    out["gpu_profile"] = profile
+    out["precision"] = "fp32" if fp32 else "bf16"
     return out

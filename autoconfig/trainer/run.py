@@ -17,12 +17,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 
 from autoconfig.errors import UserError
 from autoconfig.fileio import write_json
 from autoconfig.trainer import ops
 from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.context import chunk_positions
+from autoconfig.trainer.experts import MoE, RoutingCounts
+from autoconfig.trainer.mesh import build_meshes
 from autoconfig.trainer.metrics import (
     EXIT_ERROR,
     EXIT_OK,
@@ -32,10 +36,11 @@ from autoconfig.trainer.metrics import (
 )
 from autoconfig.trainer.model import Transformer
 from autoconfig.trainer.parallel import (
+    apply_cp,
     apply_dp,
+    apply_ep,
     apply_recompute,
     apply_tp,
-    build_mesh,
     make_optimizer,
 )
 
@@ -90,17 +95,27 @@ class Rank:
         use_cuda = self.device.type == "cuda"
         self.bf16 = use_cuda and cfg.precision in ("auto", "bf16")
         self.cpu_bf16 = not use_cuda and cfg.precision == "bf16"
-        self.mesh = build_mesh(cfg, self.device.type) if world > 1 else None
-        coords = self.mesh.get_coordinate() if self.mesh is not None else [0, 0, 0]
-        self.pp_rank, self.dp_rank, self.tp_rank = coords
+        moe = self.spec.is_moe
+        self.mesh = build_meshes(cfg, self.device.type, moe) if world > 1 else None
+        coords = self.mesh.world.get_coordinate() if self.mesh is not None else [0, 0, 0, 0]
+        self.pp_rank, self.dp_rank, self.cp_rank, self.tp_rank = coords
         self.chunks = self._build_chunks()
-        params = [p for m in self.chunks for p in m.parameters()]
-        self.optimizer = make_optimizer(params, cfg, self.mesh)
+        self.optimizer = make_optimizer(self.chunks, cfg, self.mesh)
         self.schedule = self._build_schedule() if cfg.pp > 1 else None
         self.tied_group = self._tied_group()
         self.counter = ops.SavedBytes()
 
     # -- construction -------------------------------------------------------------------
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """Weights and the residual stream (fp32 master weights under GPU autocast)."""
+        return torch.bfloat16 if self.cpu_bf16 else torch.float32
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """What the linears output (bf16 under GPU autocast)."""
+        return torch.bfloat16 if self.bf16 or self.cpu_bf16 else torch.float32
+
     def _stage_ids(self) -> list[int]:
         """Interleaving: rank r holds stages r, r+pp, ... (Megatron's virtual pipeline)."""
         return [c * self.cfg.pp + self.pp_rank for c in range(self.cfg.vp)]
@@ -112,11 +127,22 @@ class Rank:
         chunks = []
         for s in self._stage_ids():
             ids = list(range(s * per_stage, (s + 1) * per_stage))
-            model = Transformer(spec, self.seq, ids, first=s == 0, last=s == stages - 1)
-            model.init_weights(cfg.seed)
+            model = Transformer(
+                spec,
+                self.seq,
+                ids,
+                first=s == 0,
+                last=s == stages - 1,
+                capacity_factor=cfg.capacity_factor,
+            )
+            model.init_weights(cfg.seed)  # the full layers, then each layout keeps its share
             model.to(self.device, dtype=torch.bfloat16 if self.cpu_bf16 else None)
+            if cfg.ep > 1 and self.mesh is not None:
+                apply_ep(model, self.mesh.ep)
             if cfg.tp > 1 and self.mesh is not None:
                 apply_tp(model, self.mesh["tp"], cfg.sp)
+            if cfg.cp > 1 and self.mesh is not None:
+                apply_cp(model, self.mesh["cp"], self.seq, self.activation_dtype)
             apply_recompute(model, cfg)
             if cfg.compile:
                 for block in model.layers.values():
@@ -134,12 +160,29 @@ class Rank:
         cfg = self.cfg
         group = self.mesh["pp"].get_group()
         stages = [
-            PipelineStage(chunk, s, cfg.pp * cfg.vp, self.device, group=group)
+            PipelineStage(
+                chunk, s, cfg.pp * cfg.vp, self.device, *self._stage_shapes(s), group=group
+            )
             for chunk, s in zip(self.chunks, self._stage_ids(), strict=True)
         ]
         if cfg.vp > 1:
             return ScheduleInterleaved1F1B(stages, cfg.micro_batches, loss_fn=loss_fn)
         return Schedule1F1B(stages[0], cfg.micro_batches, loss_fn=loss_fn)
+
+    def _stage_shapes(self, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of one micro-batch on pipeline stage `stage`, as meta tensors, so
+        the schedule need not infer them by running the stage on meta tensors (which MoE
+        routing, with its data-dependent token counts, cannot)."""
+        cfg, spec = self.cfg, self.spec
+        local_seq = self.seq // cfg.cp
+        between = (cfg.mbs, local_seq // cfg.tp if cfg.sp else local_seq, spec.hidden)
+        # Activations flowing between stages carry gradients back; the tokens do not.
+        hidden = torch.empty(between, dtype=self.param_dtype, device="meta", requires_grad=True)
+        tokens = torch.empty((cfg.mbs, local_seq), dtype=torch.long, device="meta")
+        logits = torch.empty((cfg.mbs, local_seq, spec.vocab), dtype=self.activation_dtype,
+                             device="meta", requires_grad=True)  # fmt: skip
+        last = cfg.pp * cfg.vp - 1
+        return (tokens if stage == 0 else hidden), (logits if stage == last else hidden)
 
     def _tied_group(self) -> dist.ProcessGroup | None:
         """Tied embeddings across pipeline stages: the first and the last stage each keep a
@@ -147,21 +190,25 @@ class Rank:
         if not (self.spec.tied_embeddings and self.cfg.pp > 1):
             return None
         mine = None
-        ranks = self.mesh.mesh
-        for d in range(ranks.shape[1]):
-            for t in range(ranks.shape[2]):
-                pair = [int(ranks[0, d, t]), int(ranks[-1, d, t])]
-                group = dist.new_group(pair)
-                if self.rank in pair:
-                    mine = group
+        ranks = self.mesh.world.mesh.reshape(self.cfg.pp, -1)
+        for column in range(ranks.shape[1]):
+            pair = [int(ranks[0, column]), int(ranks[-1, column])]
+            group = dist.new_group(pair)
+            if self.rank in pair:
+                mine = group
         return mine
 
     # -- one step -----------------------------------------------------------------------
     def local_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This DP rank's sequences; with context parallelism, the tokens at its positions."""
         tokens = synthetic_batch(self.cfg, step, self.spec.vocab, self.seq)
         per_dp = self.cfg.global_batch // self.cfg.resolved_dp
-        mine = tokens[self.dp_rank * per_dp : (self.dp_rank + 1) * per_dp].to(self.device)
-        return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
+        mine = tokens[self.dp_rank * per_dp : (self.dp_rank + 1) * per_dp]
+        inputs, targets = mine[:, :-1], mine[:, 1:]
+        if self.cfg.cp > 1:
+            positions = chunk_positions(self.seq, self.cfg.cp, self.cp_rank)
+            inputs, targets = inputs[:, positions], targets[:, positions]
+        return inputs.contiguous().to(self.device), targets.contiguous().to(self.device)
 
     def step(self, step: int) -> float | None:
         """One optimizer step; returns the mean loss of this rank's micro-batches (None on
@@ -212,7 +259,20 @@ class Rank:
         mine = loss if owner and loss is not None else 0.0
         value = torch.tensor([mine], dtype=torch.float64, device=self.device)
         dist.all_reduce(value)
-        return float(value) / self.cfg.resolved_dp
+        # dp*cp ranks each hold the mean over an equal share of the tokens.
+        return float(value) / (self.cfg.resolved_dp * self.cfg.cp)
+
+    def routing(self) -> tuple[int, int]:
+        """(token-expert assignments routed, dropped) by the whole run's MoE layers since the
+        last call; tp ranks route the same tokens, so only tp rank 0 counts."""
+        moes = [m for chunk in self.chunks for m in chunk.modules() if isinstance(m, MoE)]
+        mine = [sum(m.counts.routed for m in moes), sum(m.counts.dropped for m in moes)]
+        for m in moes:
+            m.counts = RoutingCounts()
+        value = torch.tensor(mine if self.tp_rank == 0 else [0, 0], device=self.device)
+        if self.world > 1:
+            dist.all_reduce(value)
+        return int(value[0]), int(value[1])
 
     # -- measurement ---------------------------------------------------------------------
     def memory(self, saved: int, per_layer: float) -> RankMemory:
@@ -258,6 +318,11 @@ class LayerProbe:
         for i, block in enumerate(self.layers):
             self.handles.append(block.register_forward_pre_hook(self._enter(f"layer{i}", block)))
             self.handles.append(block.register_forward_hook(self._leave))
+            for unit in block.modules():
+                if unit is not block and isinstance(unit, FSDPModule):
+                    # A nested FSDP unit (experts reduced over their own group) gathers its
+                    # weights in its own pre-forward hook, which runs before this one.
+                    self.handles.append(unit.register_forward_pre_hook(self._gathered(unit)))
 
     def _start(self, *_):
         if self.calls == 0:
@@ -275,6 +340,14 @@ class LayerProbe:
             }
             if self.counter.stack:
                 self.counter.stack.append(name)
+
+        return hook
+
+    def _gathered(self, unit: torch.nn.Module):
+        def hook(*_):
+            self.counter.transient_params |= {
+                ptr for p in unit.parameters() for ptr, _ in ops.storages(p.data)
+            }
 
         return hook
 
@@ -346,7 +419,7 @@ def train_loop(state: Rank) -> dict:
     cfg = state.cfg
     probe = LayerProbe(state.counter, state.chunks[0])
     state.counter.stack = []
-    times, losses = [], []
+    times, losses, routed, dropped = [], [], [], []
     for step in range(cfg.steps):
         if state.device.type == "cuda":
             torch.cuda.synchronize()
@@ -365,8 +438,18 @@ def train_loop(state: Rank) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - begin)
         losses.append(state.global_loss(loss))
+        if state.spec.is_moe:
+            counts = state.routing()
+            routed.append(counts[0])
+            dropped.append(counts[1])
     saved, per_layer = probe.figures()
     extra = {"slice_layer": slice_layer(state, per_layer)} if cfg.slice else {}
+    if state.spec.is_moe:
+        extra["routing"] = {
+            "capacity_factor": cfg.capacity_factor,
+            "routed_per_step": routed,
+            "dropped_per_step": dropped,
+        }
     return {
         **extra,
         "step_times_s": times,
