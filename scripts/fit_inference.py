@@ -1,12 +1,14 @@
-"""Fits the serving-engine constants (profiles/gpus/*.yaml `inference:`) on a fixed third of the
-published inference points.
+"""Fits the serving-engine constants (profiles/gpus/*.yaml `inference:`) of each GPU chip on a
+fixed third of that chip's published inference points.
 
-    python scripts/fit_inference.py            # fit and write the a100 profiles
+    python scripts/fit_inference.py            # fit and write the profiles
     python scripts/fit_inference.py --dry-run  # print the constants only
 
-Fitted rows: FasterTransformer points whose sha256(run_id) % 3 == 0 (autoconfig.serve.
-validation); scripts/validate_inference.py reports the other rows apart. The constants are
-shared by every GPU of the fitted chip; other chips borrow them (catalog.serving_constants).
+Fitted rows: those whose sha256(run_id) % 3 == 0 (autoconfig.serve.validation), of engines with
+fused kernels; scripts/validate_inference.py reports the other rows apart. Static rows are
+fitted on their end-to-end latency, continuous (in-flight) rows on their max-load output
+tokens/s per GPU. The constants are shared by every GPU of the chip; a chip with no rows of
+its own borrows a fitted chip of its generation (CARRY), else catalog.serving_constants' rule.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from scipy.optimize import least_squares
 
 from autoconfig import catalog, resources
 from autoconfig.cost.inference import evaluate_serving
+from autoconfig.cost.max_load import evaluate_max_load
 from autoconfig.serve.frame import read_serving_rows
 from autoconfig.serve.validation import load_inference_runs
 
@@ -40,6 +43,9 @@ COLUMN = {
     "allreduce_base_us": "ar_base_s",
     "allreduce_step_us": "ar_step_s",
 }
+# Chips without published serving rows that take a fitted chip's constants: Blackwell Ultra
+# (B300, GB300) runs the B200's kernels on the same memory system generation.
+CARRY = {"b300": "b200"}
 
 
 def fit(runs: pd.DataFrame) -> tuple[dict[str, float], float]:
@@ -47,12 +53,19 @@ def fit(runs: pd.DataFrame) -> tuple[dict[str, float], float]:
     inputs, errors = rows.inputs(), rows.errors
     if (errors != "").any():
         raise SystemExit(f"fit rows with errors: {errors[errors != ''].tolist()}")
-    measured = pd.to_numeric(runs["measured_latency_ms"], errors="coerce").to_numpy()
+    continuous = rows.continuous
+    num = lambda c: pd.to_numeric(runs[c], errors="coerce").to_numpy()  # noqa: E731
+    measured = np.where(
+        continuous, num("measured_output_tokens_per_s_per_gpu"), num("measured_latency_ms")
+    )
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         cols = {COLUMN[n]: v * PARAMS[n][3] for n, v in zip(PARAMS, theta, strict=True)}
-        pred = evaluate_serving(dataclasses.replace(inputs, **cols))["pred_latency_ms"]
-        return np.log(pred / measured)
+        s = dataclasses.replace(inputs, **cols)
+        with np.errstate(all="ignore"):
+            latency = evaluate_serving(s)["pred_latency_ms"]
+            tokens = evaluate_max_load(s)["pred_output_tokens_per_s_per_gpu"]
+        return np.log(np.where(continuous, tokens, latency) / measured)
 
     start = np.array([p[0] for p in PARAMS.values()])
     lower = np.array([p[1] for p in PARAMS.values()])
@@ -63,41 +76,63 @@ def fit(runs: pd.DataFrame) -> tuple[dict[str, float], float]:
     return dict(zip(PARAMS, result.x.tolist(), strict=True)), float(result.cost)
 
 
+def _write(chip: str, block: dict) -> None:
+    """Replace (or add after `efficiency:`) the `inference:` block of every profile of the
+    chip, leaving the rest of each file as it was written."""
+    text_block = yaml.safe_dump({"inference": block}, sort_keys=False, width=100)
+    for path in sorted(Path(str(resources.profiles() / "gpus")).glob("*.yaml")):
+        text = path.read_text()
+        if yaml.safe_load(text)["chip"] != chip:
+            continue
+        lines = text.splitlines(keepends=True)
+        kept, skipping, at = [], False, None
+        for line in lines:
+            top = line[:1] not in (" ", "\n", "#") and line.strip() != ""
+            if top:
+                skipping = line.startswith("inference:")
+                if line.startswith("cluster:") and at is None:
+                    at = len(kept)
+            if not skipping:
+                kept.append(line)
+        kept.insert(at if at is not None else len(kept), text_block)
+        path.write_text("".join(kept))
+        print("wrote", path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     runs = load_inference_runs()
     fit_rows = runs[runs["fit_set"]].reset_index(drop=True)
-    chips = {catalog.get_gpu(g).chip for g in fit_rows["gpu"].unique()}
-    if len(chips) != 1:
-        raise SystemExit(f"expected one chip among the fitted rows, got {sorted(chips)}")
-    chip = chips.pop()
-    constants, cost = fit(fit_rows)
-    models = ", ".join(sorted(fit_rows["model"].unique()))
-    print(f"fitted on {len(fit_rows)} {chip} points ({models}); robust cost {cost:.4f}")
-    print({k: round(v, 4) for k, v in constants.items()})
+    chip_of = {g: catalog.get_gpu(g).chip for g in fit_rows["gpu"].unique()}
+    fitted: dict[str, dict] = {}
+    for chip in sorted(set(chip_of.values())):
+        rows = fit_rows[fit_rows["gpu"].map(chip_of) == chip].reset_index(drop=True)
+        constants, cost = fit(rows)
+        gpus = ", ".join(sorted(rows["gpu"].unique()))
+        engines = ", ".join(sorted(rows["framework"].unique()))
+        models = ", ".join(sorted(rows["model"].unique()))
+        print(f"{chip}: fitted on {len(rows)} points ({gpus}; {engines}); robust cost {cost:.4f}")
+        print("  ", {k: round(v, 4) for k, v in constants.items()})
+        provenance = (
+            f"fitted by scripts/fit_inference.py on {len(rows)} {engines} points ({gpus}; "
+            f"{models}; the sha256(run_id) % 3 == 0 third of ../shared/reference/"
+            "inference_runs.csv)"
+        )
+        fitted[chip] = {k: round(v, 5) for k, v in constants.items()} | {
+            "provenance": provenance
+        }
+    for chip, donor in CARRY.items():
+        if donor in fitted:
+            fitted[chip] = fitted[donor] | {
+                "provenance": f"the {donor} fit carried over (no {chip} serving points): "
+                + fitted[donor]["provenance"]
+            }
     if args.dry_run:
         return
-    provenance = (
-        f"fitted by scripts/fit_inference.py on {len(fit_rows)} FasterTransformer points "
-        f"({models}; the sha256(run_id) % 3 == 0 third of ../shared/reference/"
-        "inference_runs.csv)"
-    )
-    block = {k: round(v, 5) for k, v in constants.items()} | {"provenance": provenance}
-    for path in sorted(Path(str(resources.profiles() / "gpus")).glob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
-        if data["chip"] != chip:
-            continue
-        ordered = {}
-        for key, value in data.items():
-            if key == "inference":
-                continue
-            ordered[key] = value
-            if key == "efficiency":
-                ordered["inference"] = block
-        Path(path).write_text(yaml.safe_dump(ordered, sort_keys=False))
-        print("wrote", path)
+    for chip, block in fitted.items():
+        _write(chip, block)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,22 @@ from autoconfig.validation import error_stats, in_fit_set, read_reference, requi
 SOURCE_FACTS = {
     "fastertransformer": {"flash_attention": "n"},
     "megatron-lm": {"flash_attention": "n"},
+    # TensorRT-LLM's perf-overview runs NVIDIA's ModelOpt FP8 / NVFP4 checkpoints, which
+    # quantise the K/V cache to fp8 (their hf_quant_config: kv_cache_quant_algo FP8); the
+    # runtime keeps 0.95 of the free memory for K/V (the table's notes) in blocks of 32 tokens
+    # (KvCacheConfig tokens_per_block), and its defaults cap the batch at max_batch_size 2048
+    # and max_num_tokens 8192 per iteration (TensorRT-LLM LlmArgs).
+    "tensorrt-llm": {
+        "kv_precision": "fp8",
+        "kv_cache_fraction": "0.95",
+        "kv_block_tokens": "32",
+        "max_num_seqs": "2048",
+        "max_num_batched_tokens": "8192",
+    },
 }
 # The model describes a serving engine with fused kernels; the calibration fits only rows of
 # one (Megatron-LM's reference server is reported, not fitted).
-FIT_FRAMEWORKS = ("fastertransformer",)
+FIT_FRAMEWORKS = ("fastertransformer", "tensorrt-llm")
 
 
 def load_inference_runs(path: Path | None = None) -> pd.DataFrame:
