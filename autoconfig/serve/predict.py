@@ -25,17 +25,13 @@ def predict_frame(points: pd.DataFrame) -> pd.DataFrame:
         static = pd.DataFrame(evaluate_serving(inputs))
         continuous = pd.DataFrame(evaluate_max_load(inputs))
     chosen = rows.continuous
+    blank = np.full(len(points), np.nan, dtype=object)
     merged: dict[str, np.ndarray] = {}
     for col in dict.fromkeys([*static, *continuous]):
-        mine = static[col].to_numpy(object) if col in static else np.full(len(points), np.nan)
-        theirs = continuous[col].to_numpy(object) if col in continuous else None
-        if theirs is None:
-            # A static-only prediction means nothing for a continuous row (its batch is the
-            # runtime's), except the memory breakdown's capacity.
-            theirs = np.full(len(points), np.nan, dtype=object)
-        mine = np.where(chosen, theirs, mine) if col in continuous else np.where(chosen, np.nan, mine)
-        if col in ("pred_running", "pred_bound", "kv_cache_tokens"):
-            mine = np.where(chosen, theirs, np.nan)
-        merged[col] = mine
+        # A static-only figure means nothing for a continuous row (its batch is the
+        # runtime's), and a max-load figure nothing for a static row.
+        ours = continuous[col].to_numpy(object) if col in continuous else blank
+        theirs = static[col].to_numpy(object) if col in static else blank
+        merged[col] = np.where(chosen, ours, theirs)
     frame = pd.DataFrame(merged).infer_objects()
     return with_predictions(points, frame.to_dict("series"), rows.errors)

@@ -1,0 +1,212 @@
+"""Event-level simulation of a serving engine's scheduler, one iteration at a time, vectorized
+over deployments (N rows, each at its own clock, request rate and limits) sharing one request
+trace of R requests.
+
+The scheduler is vLLM's (v1) with chunked prefill, first come first served (Kwon et al. 2023;
+Agrawal et al. 2024, "Sarathi-Serve"): every iteration each running decode gets one token, the
+oldest unfinished prompts take what is left of the token budget (max-num-batched-tokens), and
+waiting requests are admitted in arrival order while the running batch is below max-num-seqs
+and the K/V cache has blocks for their whole length (no preemption: TensorRT-LLM's
+GUARANTEED_NO_EVICT). A static row instead admits a batch only when the previous one has
+finished and prefills it whole. A row may also be one pool of a disaggregated deployment
+(Zhong et al. 2024, "DistServe"; Patel et al. 2024, "Splitwise"): a prefill instance that hands
+each request off after its first token, or a decode instance whose requests arrive with their
+prompt already cached.
+
+Because admission and prefill are first come first served, the admitted requests are a prefix
+of the trace and prefill progress is one counter of prompt tokens per row; only decode and
+finish bookkeeping touch the [N, R] arrays. Iteration time comes from cost/serving_step.py;
+with pp stages an iteration is a round of pp micro-batches, each a pp-th of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoconfig.cost.inputs import Col
+from autoconfig.cost.serving_step import StepModel
+
+PERCENTILES = (50.0, 90.0, 99.0)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """R requests in arrival order: arrival times at rate 1 (scaled by each row's rate; all
+    zero for a burst) or in seconds (a given trace, rate 1), prompt and output lengths."""
+
+    arrival: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+
+    @property
+    def requests(self) -> int:
+        return len(self.input_len)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-row scheduler limits and role."""
+
+    rate: Col  # requests/s offered to one replica (1 for a trace in seconds)
+    max_seqs: Col
+    max_tokens: Col  # token budget of one micro-batch iteration
+    kv_tokens: Col  # K/V-cache capacity in tokens
+    block_tokens: Col
+    static: Col  # 1: static batches
+    prefill_only: Col  # 1: a disaggregated prefill instance (requests leave after prefill)
+    prompt_cached: Col  # 1: a disaggregated decode instance (prompts arrive cached)
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """Per row and request: times in seconds (inf where the request never finished)."""
+
+    ttft: np.ndarray  # [N, R]
+    tpot: np.ndarray  # [N, R] (nan for one-token outputs)
+    latency: np.ndarray  # [N, R]
+    makespan: Col  # first arrival to last finish
+    iterations: Col
+    finished: Col  # share of requests that finished
+
+    def percentiles(self, values: np.ndarray, skip: int = 0) -> np.ndarray:
+        """[N, 3] p50/p90/p99 of `values` over the requests after the first `skip`."""
+        kept = values[:, skip:]
+        kept = np.where(np.isnan(kept), np.inf, kept) if values is not self.tpot else kept
+        with np.errstate(all="ignore"):
+            return np.nanpercentile(kept, PERCENTILES, axis=1).T
+
+
+def simulate(
+    step: StepModel, trace: Trace, limits: Limits, max_iterations: int = 200_000
+) -> Simulated:
+    """Runs every row until its requests finish (or `max_iterations`)."""
+    n, r = len(limits.rate), trace.requests
+    rows = np.arange(n)
+    pp = np.asarray(step.pp, dtype=float)
+    inp = trace.input_len.astype(float)
+    out = np.where(limits.prefill_only[:, None] > 0, 1.0, trace.output_len[None, :].astype(float))
+    arrival = trace.arrival[None, :] / np.maximum(limits.rate[:, None], 1e-12)
+    cum_prompt = np.concatenate([[0.0], np.cumsum(inp)])
+    blocks = np.ceil((inp[None, :] + out) / limits.block_tokens[:, None])
+    need = blocks * limits.block_tokens[:, None]
+    cum_need = np.concatenate([np.zeros((n, 1)), np.cumsum(need, axis=1)], axis=1)
+    # Causal (query, key) pairs of the first g prompt tokens of the trace, by request.
+    pairs_before = np.concatenate([[0.0], np.cumsum(inp * (inp + 1.0) / 2.0)])
+
+    clock = np.zeros(n)
+    head = np.zeros(n, dtype=np.int64)  # requests admitted
+    prefilled = np.zeros(n)  # prompt tokens processed, in trace order
+    prefill_head = np.zeros(n, dtype=np.int64)  # requests whose prefill finished
+    done = np.zeros(n, dtype=np.int64)
+    kv_used = np.zeros(n)
+    batch_open = np.zeros(n)  # static rows: sequences of the running batch
+    first_iter = np.full((n, r), np.inf)
+    first_time = np.full((n, r), np.inf)
+    finish_time = np.full((n, r), np.inf)
+    iteration = np.zeros(n)
+    index = np.arange(r)[None, :]
+    static = limits.static > 0
+    cached = limits.prompt_cached > 0
+    budget = np.where(static, np.inf, limits.max_tokens * pp)
+
+    for _ in range(max_iterations):
+        active = done < r
+        if not active.any():
+            break
+        admitted = index < head[:, None]
+        running_mask = admitted & ~np.isfinite(finish_time)
+        running = running_mask.sum(axis=1)
+        # Idle rows jump to their next arrival.
+        idle = active & (running == 0) & (head < r)
+        next_arrival = arrival[rows, np.minimum(head, r - 1)]
+        clock = np.where(idle, np.maximum(clock, next_arrival), clock)
+
+        # Admission in arrival order.
+        arrived = (arrival <= clock[:, None]).sum(axis=1)
+        room = np.where(static & (running > 0), 0, limits.max_seqs - running).astype(np.int64)
+        free = limits.kv_tokens - kv_used
+        fits = (cum_need <= (cum_need[rows, head] + free)[:, None]).sum(axis=1) - 1 - head
+        admit = np.clip(np.minimum.reduce([arrived - head, room, fits]), 0, None)
+        admit = np.where(active, admit, 0).astype(np.int64)
+        kv_used += cum_need[rows, head + admit] - cum_need[rows, head]
+        batch_open = np.where(static & (admit > 0), admit, batch_open)
+        head = head + admit
+
+        # Decodes: requests with their first token out and more to generate.
+        decoding = (first_iter < iteration[:, None]) & np.isfinite(first_iter)
+        decoding &= ~np.isfinite(finish_time)
+        decodes = decoding.sum(axis=1).astype(float)
+        context = np.where(decoding, inp[None, :] + iteration[:, None] - first_iter, 0.0)
+        context = context.sum(axis=1)
+
+        # Prefill: the oldest unfinished prompts take the rest of the budget.
+        waiting_prompt = cum_prompt[head] - prefilled
+        chunk = np.clip(np.minimum(budget - decodes, waiting_prompt), 0.0, None)
+        chunk = np.where(cached, waiting_prompt, chunk)
+        new_prefilled = prefilled + chunk
+        new_head = np.searchsorted(cum_prompt, new_prefilled, side="right") - 1
+        new_head = np.minimum(new_head, head)
+        pairs = _pairs(pairs_before, cum_prompt, inp, new_prefilled) - _pairs(
+            pairs_before, cum_prompt, inp, prefilled
+        )
+        completing = (new_head - prefill_head).astype(float)
+        work_tokens = np.where(cached, 0.0, chunk)
+        work_pairs = np.where(cached, 0.0, pairs)
+        static_decodes = np.where(static, np.maximum(batch_open - completing, decodes), decodes)
+        tokens = static_decodes + work_tokens
+        sequences = static_decodes + completing
+        busy = active & ((tokens > 0) | (completing > 0))
+        slot = step.stage(
+            tokens / pp, work_pairs / pp, work_tokens / pp, context / pp, sequences / pp
+        )
+        elapsed = np.where(busy, pp * (slot + step.hop(tokens / pp)), 0.0)
+        end = clock + elapsed
+
+        # Prompts that finished this iteration emit their first token.
+        newly = (index >= prefill_head[:, None]) & (index < new_head[:, None]) & busy[:, None]
+        first_iter = np.where(newly, iteration[:, None], first_iter)
+        first_time = np.where(newly, end[:, None], first_time)
+        # Decodes that reached their output length finish (one-token outputs at once).
+        generated = iteration[:, None] - first_iter + 1.0
+        finishing = (newly | decoding) & (generated >= out) & busy[:, None]
+        finish_time = np.where(finishing, end[:, None], finish_time)
+        finished_now = finishing.sum(axis=1)
+        kv_used -= np.where(finishing, need, 0.0).sum(axis=1)
+        done = done + finished_now
+        batch_open = np.where(static & (done >= head), 0.0, batch_open)
+
+        prefilled = np.where(busy, new_prefilled, prefilled)
+        prefill_head = np.where(busy, new_head, prefill_head)
+        iteration = iteration + busy
+        # A row that can do nothing (an admitted prompt waits for blocks that never free)
+        # stops: its remaining requests never finish.
+        stuck = active & ~busy & ~idle & (running == 0) & (admit == 0)
+        done = np.where(stuck, r, done)
+        clock = end
+
+    arrival_all = np.broadcast_to(arrival, (n, r))
+    ttft = first_time - arrival_all
+    latency = finish_time - arrival_all
+    with np.errstate(all="ignore"):
+        spread = np.where(np.isfinite(finish_time), finish_time - first_time, np.inf)
+        tpot = np.where(out > 1, spread / (out - 1.0), np.nan)
+    finite = np.isfinite(finish_time)
+    last = np.where(finite, finish_time, -np.inf).max(axis=1)
+    makespan = last - arrival_all[:, 0]
+    return Simulated(ttft, tpot, latency, makespan, iteration, finite.mean(axis=1))
+
+
+def _pairs(pairs_before: np.ndarray, cum_prompt: np.ndarray, inp: np.ndarray, g: Col) -> Col:
+    """Causal attention pairs of the first `g` prompt tokens of the trace."""
+    i = np.clip(np.searchsorted(cum_prompt, g, side="right") - 1, 0, len(inp) - 1)
+    into = np.clip(g - cum_prompt[i], 0.0, inp[i])
+    return pairs_before[i] + into * (into + 1.0) / 2.0
+
+
+def poisson_arrivals(requests: int, seed: int) -> np.ndarray:
+    """Arrival times of a Poisson process at rate 1 (exponential gaps), one draw shared by
+    every row so that deployments are compared on the same requests."""
+    gaps = np.random.default_rng(seed).exponential(1.0, requests)
+    return np.cumsum(gaps) - gaps[0]
