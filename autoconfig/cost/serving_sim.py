@@ -69,6 +69,8 @@ class Simulated:
     makespan: Col  # first arrival to last finish
     iterations: Col
     finished: Col  # share of requests that finished
+    gave_up: np.ndarray  # rows stopped early: they cannot meet the objectives
+    steps: int = 0  # loop steps the simulation took (its cost)
 
     def percentiles(self, values: np.ndarray, skip: int = 0) -> np.ndarray:
         """[N, 3] p50/p90/p99 of `values` over the requests after the first `skip`."""
@@ -78,19 +80,38 @@ class Simulated:
             return np.nanpercentile(kept, PERCENTILES, axis=1).T
 
 
+@dataclass(frozen=True)
+class Stop:
+    """Stop a row once it cannot meet its objectives: more than `allowed` of its requests
+    over the first-token or per-token limit (seconds) settles the percentile."""
+
+    ttft_s: Col
+    tpot_s: Col
+    allowed: int
+    skip: int = 0  # requests not counted (warm-up)
+
+
 def simulate(
-    step: StepModel, trace: Trace, limits: Limits, max_iterations: int = 200_000
+    step: StepModel,
+    trace: Trace,
+    limits: Limits,
+    stop: Stop | None = None,
+    max_steps: int = 100_000,
 ) -> Simulated:
-    """Runs every row until its requests finish (or `max_iterations`)."""
+    """Runs every row until its requests finish, it is stopped, or `max_steps` loop steps.
+    A step is one iteration, or a run of decode-only iterations in which nothing arrives,
+    finishes or is prefilled (their time is exact: only the context grows, linearly)."""
     n, r = len(limits.rate), trace.requests
     rows = np.arange(n)
     pp = np.asarray(step.pp, dtype=float)
     inp = trace.input_len.astype(float)
     out = np.where(limits.prefill_only[:, None] > 0, 1.0, trace.output_len[None, :].astype(float))
-    arrival = trace.arrival[None, :] / np.maximum(limits.rate[:, None], 1e-12)
+    rate = np.maximum(limits.rate, 1e-12)
+    arrival = trace.arrival[None, :] / rate[:, None]
     cum_prompt = np.concatenate([[0.0], np.cumsum(inp)])
-    blocks = np.ceil((inp[None, :] + out) / limits.block_tokens[:, None])
-    need = blocks * limits.block_tokens[:, None]
+    need = (
+        np.ceil((inp[None, :] + out) / limits.block_tokens[:, None]) * limits.block_tokens[:, None]
+    )
     cum_need = np.concatenate([np.zeros((n, 1)), np.cumsum(need, axis=1)], axis=1)
     # Causal (query, key) pairs of the first g prompt tokens of the trace, by request.
     pairs_before = np.concatenate([[0.0], np.cumsum(inp * (inp + 1.0) / 2.0)])
@@ -110,81 +131,129 @@ def simulate(
     static = limits.static > 0
     cached = limits.prompt_cached > 0
     budget = np.where(static, np.inf, limits.max_tokens * pp)
+    gave_up = np.zeros(n, dtype=bool)
 
-    for _ in range(max_iterations):
+    for loop in range(max_steps):
         active = done < r
         if not active.any():
             break
+        if stop is not None and loop % 16 == 15:
+            late = _violations(stop, arrival, first_time, finish_time, clock, out)
+            quit_now = active & (late > stop.allowed)
+            gave_up |= quit_now
+            done = np.where(quit_now, r, done)
+            active = done < r
         admitted = index < head[:, None]
-        running_mask = admitted & ~np.isfinite(finish_time)
-        running = running_mask.sum(axis=1)
+        unfinished = ~np.isfinite(finish_time)
+        running = (admitted & unfinished).sum(axis=1)
         # Idle rows jump to their next arrival.
         idle = active & (running == 0) & (head < r)
         next_arrival = arrival[rows, np.minimum(head, r - 1)]
         clock = np.where(idle, np.maximum(clock, next_arrival), clock)
 
         # Admission in arrival order.
-        arrived = (arrival <= clock[:, None]).sum(axis=1)
+        # (a row that jumped to an arrival must see it despite rounding)
+        arrived = np.searchsorted(trace.arrival, clock * rate * (1 + 1e-9) + 1e-12, side="right")
         room = np.where(static & (running > 0), 0, limits.max_seqs - running).astype(np.int64)
         free = limits.kv_tokens - kv_used
         fits = (cum_need <= (cum_need[rows, head] + free)[:, None]).sum(axis=1) - 1 - head
-        admit = np.clip(np.minimum.reduce([arrived - head, room, fits]), 0, None)
+        admit = np.maximum(np.minimum(np.minimum(arrived - head, room), fits), 0)
         admit = np.where(active, admit, 0).astype(np.int64)
         kv_used += cum_need[rows, head + admit] - cum_need[rows, head]
         batch_open = np.where(static & (admit > 0), admit, batch_open)
         head = head + admit
 
         # Decodes: requests with their first token out and more to generate.
-        decoding = (first_iter < iteration[:, None]) & np.isfinite(first_iter)
-        decoding &= ~np.isfinite(finish_time)
+        decoding = (first_iter < iteration[:, None]) & unfinished
         decodes = decoding.sum(axis=1).astype(float)
-        context = np.where(decoding, inp[None, :] + iteration[:, None] - first_iter, 0.0)
-        context = context.sum(axis=1)
+        age = np.where(decoding, iteration[:, None] - first_iter, 0.0)
+        context = np.where(decoding, inp[None, :], 0.0).sum(axis=1) + age.sum(axis=1)
 
         # Prefill: the oldest unfinished prompts take the rest of the budget.
         waiting_prompt = cum_prompt[head] - prefilled
-        chunk = np.clip(np.minimum(budget - decodes, waiting_prompt), 0.0, None)
+        chunk = np.maximum(np.minimum(budget - decodes, waiting_prompt), 0.0)
         chunk = np.where(cached, waiting_prompt, chunk)
         new_prefilled = prefilled + chunk
-        new_head = np.searchsorted(cum_prompt, new_prefilled, side="right") - 1
-        new_head = np.minimum(new_head, head)
+        new_head = np.minimum(np.searchsorted(cum_prompt, new_prefilled, side="right") - 1, head)
         pairs = _pairs(pairs_before, cum_prompt, inp, new_prefilled) - _pairs(
             pairs_before, cum_prompt, inp, prefilled
         )
         completing = (new_head - prefill_head).astype(float)
         work_tokens = np.where(cached, 0.0, chunk)
         work_pairs = np.where(cached, 0.0, pairs)
-        static_decodes = np.where(static, np.maximum(batch_open - completing, decodes), decodes)
-        tokens = static_decodes + work_tokens
-        sequences = static_decodes + completing
+        batch = np.where(static, np.maximum(batch_open - completing, decodes), decodes)
+        tokens = batch + work_tokens
+        sequences = batch + completing
         busy = active & ((tokens > 0) | (completing > 0))
-        slot = step.stage(
-            tokens / pp, work_pairs / pp, work_tokens / pp, context / pp, sequences / pp
+
+        def round_time(extra_context: Col, prefill_pairs: Col) -> Col:
+            slot = step.stage(
+                tokens / pp,
+                prefill_pairs / pp,
+                work_tokens / pp,
+                (context + extra_context) / pp,
+                sequences / pp,
+            )
+            return pp * (slot + step.hop(tokens / pp))
+
+        now = np.where(busy, round_time(0.0, work_pairs), 0.0)
+        # Runs of identical iterations (the same decodes and prefill chunk size; only the
+        # context and the chunk's position in its prompt advance, both linearly) are jumped
+        # whole up to the next finish, first token or (decode-only) arrival: their time is
+        # exactly the mean of the first and last iteration's, times their count.
+        remaining = np.where(decoding, first_iter + out - 1.0 - iteration[:, None], np.inf)
+        until_finish = remaining.min(axis=1)
+        next_done = cum_prompt[np.minimum(prefill_head + 1, r)]
+        until_prompt = np.where(
+            chunk > 0, np.ceil((next_done - prefilled) / np.maximum(chunk, 1e-9)) - 1.0, np.inf
         )
-        elapsed = np.where(busy, pp * (slot + step.hop(tokens / pp)), 0.0)
+        same = busy & (completing == 0) & ~((cached | static) & (chunk > 0))
+        runs = np.minimum(until_finish, until_prompt)
+        runs = np.where(same & np.isfinite(runs), runs, 0.0)
+        waits = (chunk == 0) & (head < r) & (running < limits.max_seqs)
+        gap = np.where(waits, arrival[rows, np.minimum(head, r - 1)] - clock, np.inf)
+
+        def last_pairs(k: Col) -> Col:
+            reach = prefilled + np.maximum(k, 1.0) * chunk
+            return np.where(
+                cached,
+                0.0,
+                _pairs(pairs_before, cum_prompt, inp, reach)
+                - _pairs(pairs_before, cum_prompt, inp, reach - chunk),
+            )
+
+        extra = np.maximum(runs - 1.0, 0.0) * batch
+        later = np.where(runs >= 2, round_time(extra, last_pairs(runs)), now)
+        runs = np.minimum(runs, np.floor(gap / np.maximum(later, 1e-12)))
+        jump = same & (runs >= 2)
+        runs = np.where(jump, runs, 1.0)
+        last = np.where(jump, round_time((runs - 1.0) * batch, last_pairs(runs)), now)
+        elapsed = np.where(jump, runs * (now + last) / 2.0, now)
         end = clock + elapsed
+        step_now = busy & ~jump
 
         # Prompts that finished this iteration emit their first token.
-        newly = (index >= prefill_head[:, None]) & (index < new_head[:, None]) & busy[:, None]
+        newly = (index >= prefill_head[:, None]) & (index < new_head[:, None]) & step_now[:, None]
         first_iter = np.where(newly, iteration[:, None], first_iter)
         first_time = np.where(newly, end[:, None], first_time)
         # Decodes that reached their output length finish (one-token outputs at once).
         generated = iteration[:, None] - first_iter + 1.0
-        finishing = (newly | decoding) & (generated >= out) & busy[:, None]
+        finishing = (newly | decoding) & (generated >= out) & step_now[:, None]
         finish_time = np.where(finishing, end[:, None], finish_time)
-        finished_now = finishing.sum(axis=1)
         kv_used -= np.where(finishing, need, 0.0).sum(axis=1)
-        done = done + finished_now
+        done = done + finishing.sum(axis=1)
         batch_open = np.where(static & (done >= head), 0.0, batch_open)
 
-        prefilled = np.where(busy, new_prefilled, prefilled)
-        prefill_head = np.where(busy, new_head, prefill_head)
-        iteration = iteration + busy
-        # A row that can do nothing (an admitted prompt waits for blocks that never free)
-        # stops: its remaining requests never finish.
-        stuck = active & ~busy & ~idle & (running == 0) & (admit == 0)
+        prefilled = np.where(
+            step_now, new_prefilled, np.where(jump, prefilled + runs * chunk, prefilled)
+        )
+        prefill_head = np.where(step_now, new_head, prefill_head)
+        iteration = iteration + np.where(busy, runs, 0.0)
+        # A row that can do nothing (a request larger than the whole cache) stops: its
+        # remaining requests never finish.
+        stuck = active & ~busy & (running == 0) & (admit == 0) & (arrived > head)
         done = np.where(stuck, r, done)
-        clock = end
+        clock = np.where(busy, end, clock)
 
     arrival_all = np.broadcast_to(arrival, (n, r))
     ttft = first_time - arrival_all
@@ -193,15 +262,35 @@ def simulate(
         spread = np.where(np.isfinite(finish_time), finish_time - first_time, np.inf)
         tpot = np.where(out > 1, spread / (out - 1.0), np.nan)
     finite = np.isfinite(finish_time)
-    last = np.where(finite, finish_time, -np.inf).max(axis=1)
-    makespan = last - arrival_all[:, 0]
-    return Simulated(ttft, tpot, latency, makespan, iteration, finite.mean(axis=1))
+    last_finish = np.where(finite, finish_time, -np.inf).max(axis=1)
+    makespan = last_finish - arrival_all[:, 0]
+    return Simulated(
+        ttft, tpot, latency, makespan, iteration, finite.mean(axis=1), gave_up, loop + 1
+    )
+
+
+def _violations(
+    stop: Stop,
+    arrival: np.ndarray,
+    first_time: np.ndarray,
+    finish_time: np.ndarray,
+    clock: Col,
+    out: np.ndarray,
+) -> Col:
+    """Requests (after the warm-up) already known to miss: no first token within the limit
+    (out or not), or finished slower than the per-token limit."""
+    waited = np.where(np.isfinite(first_time), first_time, clock[:, None]) - arrival
+    slow_first = waited > stop.ttft_s[:, None]
+    with np.errstate(all="ignore"):
+        per_token = (finish_time - first_time) / np.maximum(out - 1.0, 1.0)
+    slow_tokens = np.isfinite(finish_time) & (out > 1) & (per_token > stop.tpot_s[:, None])
+    return (slow_first | slow_tokens)[:, stop.skip :].sum(axis=1)
 
 
 def _pairs(pairs_before: np.ndarray, cum_prompt: np.ndarray, inp: np.ndarray, g: Col) -> Col:
     """Causal attention pairs of the first `g` prompt tokens of the trace."""
-    i = np.clip(np.searchsorted(cum_prompt, g, side="right") - 1, 0, len(inp) - 1)
-    into = np.clip(g - cum_prompt[i], 0.0, inp[i])
+    i = np.minimum(np.searchsorted(cum_prompt, g, side="right") - 1, len(inp) - 1)
+    into = np.minimum(np.maximum(g - cum_prompt[i], 0.0), inp[i])
     return pairs_before[i] + into * (into + 1.0) / 2.0
 
 

@@ -71,8 +71,10 @@ class StepModel:
         `prefill_kv` cached tokens the chunks read, `decode_context` summed context of the
         decoding sequences and `sequences` emitting a token."""
         t = np.asarray(tokens, dtype=float)
-        share = self._expert_share(t)
-        weights = self.gemm_weight_s * np.where(self.routed[:, None], share, 1.0)
+        weights = self.gemm_weight_s
+        if self.routed.any() and (self.experts > 0).any():
+            share = self._expert_share(t)
+            weights = weights * np.where(self.routed[:, None], share, 1.0)
         gemms = np.maximum(self.gemm_flop_s * t, weights + self.gemm_act_s * t).sum(axis=0)
         attention = np.maximum(prefill_pairs * self.pair_s, prefill_kv * self.kv_read_s)
         attention = attention + decode_context * np.maximum(self.pair_s, self.kv_read_s)

@@ -22,7 +22,7 @@ from autoconfig.vocab import Arrival
 
 CHAT_INPUT = (128, 2048)
 CHAT_OUTPUT = (64, 512)
-DEFAULT_REQUESTS = 300
+DEFAULT_REQUESTS = 200
 
 
 @dataclass(frozen=True)
