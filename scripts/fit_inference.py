@@ -120,9 +120,7 @@ def main() -> None:
             f"{models}; the sha256(run_id) % 3 == 0 third of ../shared/reference/"
             "inference_runs.csv)"
         )
-        fitted[chip] = {k: round(v, 5) for k, v in constants.items()} | {
-            "provenance": provenance
-        }
+        fitted[chip] = {k: round(v, 5) for k, v in constants.items()} | {"provenance": provenance}
     for chip, donor in CARRY.items():
         if donor in fitted:
             fitted[chip] = fitted[donor] | {

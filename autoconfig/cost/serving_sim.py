@@ -99,8 +99,9 @@ def simulate(
     max_steps: int = 100_000,
 ) -> Simulated:
     """Runs every row until its requests finish, it is stopped, or `max_steps` loop steps.
-    A step is one iteration, or a run of decode-only iterations in which nothing arrives,
-    finishes or is prefilled (their time is exact: only the context grows, linearly)."""
+    A step is one iteration, or a run of identical iterations in which nothing arrives,
+    finishes or completes its prompt (their time is exact: only the context and the prefill
+    position grow, linearly)."""
     n, r = len(limits.rate), trace.requests
     rows = np.arange(n)
     pp = np.asarray(step.pp, dtype=float)
@@ -113,6 +114,7 @@ def simulate(
         np.ceil((inp[None, :] + out) / limits.block_tokens[:, None]) * limits.block_tokens[:, None]
     )
     cum_need = np.concatenate([np.zeros((n, 1)), np.cumsum(need, axis=1)], axis=1)
+    shared_need = bool(np.all(cum_need == cum_need[:1]))  # one K/V profile for every row
     # Causal (query, key) pairs of the first g prompt tokens of the trace, by request.
     pairs_before = np.concatenate([[0.0], np.cumsum(inp * (inp + 1.0) / 2.0)])
 
@@ -120,10 +122,15 @@ def simulate(
     head = np.zeros(n, dtype=np.int64)  # requests admitted
     prefilled = np.zeros(n)  # prompt tokens processed, in trace order
     prefill_head = np.zeros(n, dtype=np.int64)  # requests whose prefill finished
-    done = np.zeros(n, dtype=np.int64)
+    done = np.zeros(n, dtype=np.int64)  # requests finished (all, for a row that stopped)
+    finished = np.zeros(n, dtype=np.int64)
     kv_used = np.zeros(n)
     batch_open = np.zeros(n)  # static rows: sequences of the running batch
-    first_iter = np.full((n, r), np.inf)
+    # Decoding requests, kept as sums: count, prompt tokens, and first-token iterations.
+    decodes = np.zeros(n)
+    decode_prompt = np.zeros(n)
+    decode_first = np.zeros(n)
+    last_iter = np.full((n, r), np.inf)  # the iteration that emits a request's last token
     first_time = np.full((n, r), np.inf)
     finish_time = np.full((n, r), np.inf)
     iteration = np.zeros(n)
@@ -132,6 +139,7 @@ def simulate(
     cached = limits.prompt_cached > 0
     budget = np.where(static, np.inf, limits.max_tokens * pp)
     gave_up = np.zeros(n, dtype=bool)
+    loop = 0
 
     for loop in range(max_steps):
         active = done < r
@@ -143,31 +151,28 @@ def simulate(
             gave_up |= quit_now
             done = np.where(quit_now, r, done)
             active = done < r
-        admitted = index < head[:, None]
-        unfinished = ~np.isfinite(finish_time)
-        running = (admitted & unfinished).sum(axis=1)
+        running = head - finished
         # Idle rows jump to their next arrival.
         idle = active & (running == 0) & (head < r)
         next_arrival = arrival[rows, np.minimum(head, r - 1)]
         clock = np.where(idle, np.maximum(clock, next_arrival), clock)
 
-        # Admission in arrival order.
-        # (a row that jumped to an arrival must see it despite rounding)
+        # Admission in arrival order (a row that jumped to an arrival must see it).
         arrived = np.searchsorted(trace.arrival, clock * rate * (1 + 1e-9) + 1e-12, side="right")
         room = np.where(static & (running > 0), 0, limits.max_seqs - running).astype(np.int64)
-        free = limits.kv_tokens - kv_used
-        fits = (cum_need <= (cum_need[rows, head] + free)[:, None]).sum(axis=1) - 1 - head
+        reach = cum_need[rows, head] + limits.kv_tokens - kv_used
+        if shared_need:
+            fits = np.searchsorted(cum_need[0], reach, side="right") - 1 - head
+        else:
+            fits = (cum_need <= reach[:, None]).sum(axis=1) - 1 - head
         admit = np.maximum(np.minimum(np.minimum(arrived - head, room), fits), 0)
         admit = np.where(active, admit, 0).astype(np.int64)
         kv_used += cum_need[rows, head + admit] - cum_need[rows, head]
         batch_open = np.where(static & (admit > 0), admit, batch_open)
         head = head + admit
+        running = head - finished
 
-        # Decodes: requests with their first token out and more to generate.
-        decoding = (first_iter < iteration[:, None]) & unfinished
-        decodes = decoding.sum(axis=1).astype(float)
-        age = np.where(decoding, iteration[:, None] - first_iter, 0.0)
-        context = np.where(decoding, inp[None, :], 0.0).sum(axis=1) + age.sum(axis=1)
+        context = decode_prompt + decodes * iteration - decode_first
 
         # Prefill: the oldest unfinished prompts take the rest of the budget.
         waiting_prompt = cum_prompt[head] - prefilled
@@ -186,23 +191,14 @@ def simulate(
         sequences = batch + completing
         busy = active & ((tokens > 0) | (completing > 0))
 
-        def round_time(extra_context: Col, prefill_pairs: Col) -> Col:
-            slot = step.stage(
-                tokens / pp,
-                prefill_pairs / pp,
-                work_tokens / pp,
-                (context + extra_context) / pp,
-                sequences / pp,
-            )
-            return pp * (slot + step.hop(tokens / pp))
-
-        now = np.where(busy, round_time(0.0, work_pairs), 0.0)
+        now = np.where(
+            busy, _round(step, pp, tokens, work_pairs, work_tokens, context, sequences), 0.0
+        )
         # Runs of identical iterations (the same decodes and prefill chunk size; only the
         # context and the chunk's position in its prompt advance, both linearly) are jumped
         # whole up to the next finish, first token or (decode-only) arrival: their time is
         # exactly the mean of the first and last iteration's, times their count.
-        remaining = np.where(decoding, first_iter + out - 1.0 - iteration[:, None], np.inf)
-        until_finish = remaining.min(axis=1)
+        until_finish = last_iter.min(axis=1) - iteration
         next_done = cum_prompt[np.minimum(prefill_head + 1, r)]
         until_prompt = np.where(
             chunk > 0, np.ceil((next_done - prefilled) / np.maximum(chunk, 1e-9)) - 1.0, np.inf
@@ -213,36 +209,51 @@ def simulate(
         waits = (chunk == 0) & (head < r) & (running < limits.max_seqs)
         gap = np.where(waits, arrival[rows, np.minimum(head, r - 1)] - clock, np.inf)
 
-        def last_pairs(k: Col) -> Col:
-            reach = prefilled + np.maximum(k, 1.0) * chunk
-            return np.where(
-                cached,
-                0.0,
-                _pairs(pairs_before, cum_prompt, inp, reach)
-                - _pairs(pairs_before, cum_prompt, inp, reach - chunk),
+        if (runs >= 2).any():
+            extra = np.maximum(runs - 1.0, 0.0) * batch
+            pairs_k = _chunk_pairs(pairs_before, cum_prompt, inp, prefilled, chunk, runs, cached)
+            later = np.where(
+                runs >= 2,
+                _round(step, pp, tokens, pairs_k, work_tokens, context + extra, sequences),
+                now,
             )
-
-        extra = np.maximum(runs - 1.0, 0.0) * batch
-        later = np.where(runs >= 2, round_time(extra, last_pairs(runs)), now)
-        runs = np.minimum(runs, np.floor(gap / np.maximum(later, 1e-12)))
-        jump = same & (runs >= 2)
-        runs = np.where(jump, runs, 1.0)
-        last = np.where(jump, round_time((runs - 1.0) * batch, last_pairs(runs)), now)
-        elapsed = np.where(jump, runs * (now + last) / 2.0, now)
+            runs = np.minimum(runs, np.floor(gap / np.maximum(later, 1e-12)))
+            jump = same & (runs >= 2)
+            runs = np.where(jump, runs, 1.0)
+            pairs_k = _chunk_pairs(pairs_before, cum_prompt, inp, prefilled, chunk, runs, cached)
+            grown = context + (runs - 1.0) * batch
+            last = np.where(
+                jump, _round(step, pp, tokens, pairs_k, work_tokens, grown, sequences), now
+            )
+            elapsed = np.where(jump, runs * (now + last) / 2.0, now)
+        else:
+            jump = np.zeros(n, dtype=bool)
+            runs = np.ones(n)
+            elapsed = now
         end = clock + elapsed
         step_now = busy & ~jump
 
-        # Prompts that finished this iteration emit their first token.
+        # Prompts that finished this iteration emit their first token; their last token
+        # comes out - 1 iterations later (at once for one-token outputs).
         newly = (index >= prefill_head[:, None]) & (index < new_head[:, None]) & step_now[:, None]
-        first_iter = np.where(newly, iteration[:, None], first_iter)
         first_time = np.where(newly, end[:, None], first_time)
-        # Decodes that reached their output length finish (one-token outputs at once).
-        generated = iteration[:, None] - first_iter + 1.0
-        finishing = (newly | decoding) & (generated >= out) & step_now[:, None]
+        last_iter = np.where(newly, iteration[:, None] + out - 1.0, last_iter)
+        finishing = (last_iter == iteration[:, None]) & step_now[:, None]
         finish_time = np.where(finishing, end[:, None], finish_time)
-        kv_used -= np.where(finishing, need, 0.0).sum(axis=1)
-        done = done + finishing.sum(axis=1)
-        batch_open = np.where(static & (done >= head), 0.0, batch_open)
+        last_iter = np.where(finishing, np.inf, last_iter)
+        joining = newly & ~finishing
+        leaving = finishing & ~newly  # decodes that emitted their last token
+        start_iter = iteration[:, None]
+        decodes += joining.sum(axis=1) - leaving.sum(axis=1)
+        decode_prompt += (joining * inp).sum(axis=1) - (leaving * inp).sum(axis=1)
+        # A leaving request's first token came out - 1 - (its decodes) iterations ago.
+        first_of_leaving = (leaving * (start_iter - out + 1.0)).sum(axis=1)
+        decode_first += (joining * start_iter).sum(axis=1) - first_of_leaving
+        count = finishing.sum(axis=1)
+        kv_used -= (finishing * need).sum(axis=1)
+        finished += count
+        done = np.where(done >= r, done, finished)
+        batch_open = np.where(static & (finished >= head), 0.0, batch_open)
 
         prefilled = np.where(
             step_now, new_prefilled, np.where(jump, prefilled + runs * chunk, prefilled)
@@ -285,6 +296,40 @@ def _violations(
         per_token = (finish_time - first_time) / np.maximum(out - 1.0, 1.0)
     slow_tokens = np.isfinite(finish_time) & (out > 1) & (per_token > stop.tpot_s[:, None])
     return (slow_first | slow_tokens)[:, stop.skip :].sum(axis=1)
+
+
+def _round(
+    step: StepModel,
+    pp: Col,
+    tokens: Col,
+    prefill_pairs: Col,
+    prefill_tokens: Col,
+    context: Col,
+    sequences: Col,
+) -> Col:
+    """One iteration's time: pp micro-batches, each a pp-th of the batch, through the
+    slowest stage and its hand-off."""
+    slot = step.stage(
+        tokens / pp, prefill_pairs / pp, prefill_tokens / pp, context / pp, sequences / pp
+    )
+    return pp * (slot + step.hop(tokens / pp))
+
+
+def _chunk_pairs(
+    pairs_before: np.ndarray,
+    cum_prompt: np.ndarray,
+    inp: np.ndarray,
+    prefilled: Col,
+    chunk: Col,
+    k: Col,
+    cached: np.ndarray,
+) -> Col:
+    """Attention pairs of the k-th chunk from `prefilled` on (none for cached prompts)."""
+    reach = prefilled + np.maximum(k, 1.0) * chunk
+    pairs = _pairs(pairs_before, cum_prompt, inp, reach) - _pairs(
+        pairs_before, cum_prompt, inp, reach - chunk
+    )
+    return np.where(cached, 0.0, pairs)
 
 
 def _pairs(pairs_before: np.ndarray, cum_prompt: np.ndarray, inp: np.ndarray, g: Col) -> Col:

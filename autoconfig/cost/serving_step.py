@@ -112,9 +112,7 @@ def step_model(s: ServeInputs) -> StepModel:
     weight_scale = s.weight_bytes / 2.0  # op.weight_bytes counts 16-bit weights
     flop_s = np.stack([per_gemm(op.flops / peak) for op in gemms])
     weight_s = np.stack([per_gemm(op.weight_bytes * weight_scale / bandwidth) for op in gemms])
-    act_s = np.stack(
-        [per_gemm(s.act_bytes * (op.gemm_k + op.gemm_n) / bandwidth) for op in gemms]
-    )
+    act_s = np.stack([per_gemm(s.act_bytes * (op.gemm_k + op.gemm_n) / bandwidth) for op in gemms])
     routed = np.array([op.name in ROUTED for op in gemms])
 
     moved = sum((op.moved for op in ops if op.kind == "memory"), start=np.float64(0.0))

@@ -57,9 +57,9 @@ def disaggregated(
     token_bytes = (table["kv_cache_gb"] * GIB / table["kv_cache_tokens"].clip(lower=1)).to_numpy()
     # Each rank sends its shard; inside one NVLink domain over NVLink, else over its NIC.
     gpus = (table["tp"] * table["pp"]).to_numpy(float)
-    link = np.where(
-        2 * gpus <= cluster.domain, cluster.intra_node_gb_s, cluster.inter_node_gb_s
-    ) * 1e9
+    link = (
+        np.where(2 * gpus <= cluster.domain, cluster.intra_node_gb_s, cluster.inter_node_gb_s) * 1e9
+    )
     transfer = prompt * token_bytes / link
     max_rate = (table["max_load_requests_per_s"] / table["replicas"]).to_numpy()
 
@@ -69,25 +69,22 @@ def disaggregated(
     cand = np.repeat(chosen, len(ladder))
     rates = np.repeat(max_rate[chosen], len(ladder)) * np.tile(ladder, n)
     ones, zeros = np.ones(len(cand)), np.zeros(len(cand))
-    prefill_role = {
-        "prefill_only": ones,
-        "prompt_cached": zeros,
-        "ttft_s": np.repeat(ttft_left, len(ladder)),
-        "tpot_s": np.full(len(cand), np.inf),
+    # Both roles in one simulation: the prefill rows first, then the decode rows.
+    both = np.concatenate([cand, cand])
+    m = len(cand)
+    role = {
+        "prefill_only": np.concatenate([ones, zeros]),
+        "prompt_cached": np.concatenate([zeros, ones]),
+        "ttft_s": np.concatenate([np.repeat(ttft_left, len(ladder)), np.full(m, np.inf)]),
+        "tpot_s": np.concatenate([np.full(m, np.inf), np.full(m, slo.tpot_s)]),
     }
-    decode_role = {
-        "prefill_only": zeros,
-        "prompt_cached": ones,
-        "ttft_s": np.full(len(cand), np.inf),
-        "tpot_s": np.full(len(cand), slo.tpot_s),
-    }
-    prefill_slo = Slo(np.inf, np.inf, np.inf, slo.percentile)
-    decode_slo = Slo(np.inf, slo.tpot_s, np.inf, slo.percentile)
-    pre = run_rates(deps, cand, rates, workload, prefill_slo, prefill_role).at(prefill_slo)
-    pre_limit = pd.Series(ttft_left, index=chosen)
+    loose = Slo(np.inf, np.inf, np.inf, slo.percentile)
+    frame = run_rates(deps, both, np.concatenate([rates, rates]), workload, loose, role).at(loose)
+    pre, dec = frame.iloc[:m].copy(), frame.iloc[m:].copy()
     p = f"p{slo.percentile:g}"
+    pre_limit = pd.Series(ttft_left, index=chosen)
     pre["meets"] &= pre[f"ttft_{p}_ms"] <= 1e3 * pre["candidate"].map(pre_limit)
-    dec = run_rates(deps, cand, rates, workload, decode_slo, decode_role).at(decode_slo)
+    dec["meets"] &= dec[f"tpot_{p}_ms"] <= 1e3 * slo.tpot_s
     pre_best, dec_best = best_rates(pre)["met"].dropna(), best_rates(dec)["met"].dropna()
 
     rows = []
@@ -99,7 +96,9 @@ def disaggregated(
             x, y, goodput = plan
             at_p = pre[(pre["candidate"] == i) & np.isclose(pre["rate"], g_p)].iloc[0]
             at_d = dec[(dec["candidate"] == j) & np.isclose(dec["rate"], g_d)].iloc[0]
-            rows.append(_row(table, i, j, x, y, goodput, at_p, at_d, transfer[i], slo, req, workload))
+            rows.append(
+                _row(table, i, j, x, y, goodput, at_p, at_d, transfer[i], slo, req, workload)
+            )
     if not rows:
         return pd.DataFrame()
     out = pd.DataFrame(rows)
@@ -183,8 +182,10 @@ def _row(
     latency_ok = row["pred_latency_ms"] <= 1e3 * slo.latency_s
     rate_ok = req.request_rate is None or goodput >= req.request_rate
     row["meets"] = bool(latency_ok and rate_ok and goodput > 0)
-    row["pruned"] = "" if row["meets"] else (
-        f"at most {goodput:,.2f} requests/s within the SLOs" if not rate_ok else "latency"
+    row["pruned"] = (
+        ""
+        if row["meets"]
+        else (f"at most {goodput:,.2f} requests/s within the SLOs" if not rate_ok else "latency")
     )
     row["miss"] = 0.0 if row["meets"] else 1.0
     row["label"] = f"prefill {_pool(pre)} x{x} + decode {_pool(dec)} x{y}"

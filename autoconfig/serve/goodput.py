@@ -36,7 +36,7 @@ MAX_SEQS = (16, 32, 64, 128, 256, 512)
 MAX_TOKENS = (2048, 8192)
 BLOCK_TOKENS = 16.0
 # Rates tried, as fractions of a replica's steady-state maximum.
-LADDER = (0.2, 0.4, 0.6, 0.8, 1.0)
+LADDER = (0.2, 0.4, 0.6, 0.8, 0.9)
 WARMUP_SHARE = 0.1  # requests left out of the percentiles: the system is still filling
 
 
@@ -67,7 +67,9 @@ def kv_choices(req: Request, gpu: GPUSpec) -> list[str]:
     """K/V formats tried: those asked for, else the weights' 16-bit type and fp8 where the GPU
     has fp8 tensor cores (fp8 attention)."""
     if req.kv_precisions:
-        return list(dict.fromkeys(KvPrecision.parse(k, "kv-precision").value for k in req.kv_precisions))
+        return list(
+            dict.fromkeys(KvPrecision.parse(k, "kv-precision").value for k in req.kv_precisions)
+        )
     if gpu.chip == "cpu":
         return [KvPrecision.AUTO.value]
     return [KvPrecision.AUTO.value, *(["fp8"] if gpu.supports("fp8") else [])]
@@ -125,6 +127,7 @@ def candidates(
         }
     ).drop_duplicates(ignore_index=True)
     table = table[table["max_num_batched_tokens"] >= table["max_num_seqs"]].reset_index(drop=True)
+    table["kv_fraction"] = req.kv_fraction
     inputs = serving_inputs(spec, hardware, _deployment_frame(table, workload, req.kv_fraction))
     with np.errstate(all="ignore"):
         cap = kv_capacity(inputs)
@@ -310,7 +313,10 @@ def _check(req: Request, spec: ModelSpec, workload: Workload) -> None:
         raise UserError(f"request-rate: must be a positive number (got {req.request_rate:g})")
     if not 0 < req.kv_fraction <= 1:
         raise UserError(f"kv-cache-fraction: must be in (0, 1] (got {req.kv_fraction:g})")
-    for name, values in (("max-num-seqs", req.max_seqs), ("max-num-batched-tokens", req.max_tokens)):
+    for name, values in (
+        ("max-num-seqs", req.max_seqs),
+        ("max-num-batched-tokens", req.max_tokens),
+    ):
         if values is not None and any(v < 1 for v in values):
             raise UserError(f"{name}: must be positive integers")
     context = spec.max_seq_len or spec.seq_len
@@ -506,9 +512,7 @@ def _summarise(
     out["meets"] = meets.to_numpy() & out["simulated"].to_numpy()
     out["pruned"] = ""
     missed = out["simulated"] & ~out["meets"]
-    out.loc[missed, "pruned"] = [
-        _miss_text(row, slo, req) for _, row in out[missed].iterrows()
-    ]
+    out.loc[missed, "pruned"] = [_miss_text(row, slo, req) for _, row in out[missed].iterrows()]
     out["miss"] = [_miss_ratio(row, slo, req) for _, row in out.iterrows()]
     return out
 
@@ -519,7 +523,9 @@ def _misses(row: pd.Series, slo: Slo, req: Request) -> list[tuple[str, float, fl
     for name, limit in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("latency", slo.latency_s)):
         value = row.get(f"{name}_{p}_ms", np.nan)
         if np.isfinite(limit) and not value <= 1e3 * limit:
-            found.append((f"{name.upper() if name != 'latency' else 'latency'} {p}", value, 1e3 * limit))
+            found.append(
+                (f"{name.upper() if name != 'latency' else 'latency'} {p}", value, 1e3 * limit)
+            )
     if req.budget.min_throughput is not None:
         tput = row.get("pred_output_tokens_per_s", np.nan)
         if not tput >= req.budget.min_throughput:

@@ -129,7 +129,9 @@ def read_workload(path: Path, seed: int = 0, requests: int = DEFAULT_REQUESTS) -
         raise UserError(f"workload: '{path}' is not a readable CSV ({exc})") from None
     for col in ("input_len", "output_len"):
         if col not in table:
-            raise UserError(f"workload: missing column '{col}' (columns: input_len, output_len[, arrival_s])")
+            raise UserError(
+                f"workload: missing column '{col}' (columns: input_len, output_len[, arrival_s])"
+            )
     if table.empty:
         raise UserError(f"workload: '{path}' has no rows")
     values = {}
@@ -147,7 +149,9 @@ def read_workload(path: Path, seed: int = 0, requests: int = DEFAULT_REQUESTS) -
                 f"workload: row {row + 2} {col} must be {rule} (got '{table[col].iloc[row]}')"
             )
         values[col] = number.to_numpy()
-    pairs = tuple(zip(values["input_len"].astype(int), values["output_len"].astype(int)))
+    pairs = tuple(
+        zip(values["input_len"].astype(int), values["output_len"].astype(int), strict=True)
+    )
     times = tuple(values["arrival_s"].tolist()) if "arrival_s" in values else ()
     if times and np.any(np.diff(values["arrival_s"]) < 0):
         raise UserError("workload: arrival_s must not decrease from one row to the next")
