@@ -65,8 +65,9 @@ def predictions(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy_table(out: pd.DataFrame) -> pd.DataFrame:
-    """Latency and throughput errors per (source model, framework), held-out rows, and all."""
-    ok = out[out["error"] == ""]
+    """Static batches: latency and throughput errors per (source model, framework), held-out
+    rows, and all."""
+    ok = out[(out["error"] == "") & (out["batching"] != "inflight")]
     groups = [(f"{m} / {f}", g) for (m, f), g in ok.groupby(["model", "framework"], sort=True)]
     groups += [
         ("held-out (not fitted)", ok[~ok["fit_set"]]),
@@ -91,9 +92,40 @@ def accuracy_table(out: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def inflight_table(out: pd.DataFrame) -> pd.DataFrame:
+    """Continuous (in-flight) batching at max load: output tokens/s per GPU errors per GPU,
+    per model, held-out rows apart, and all."""
+    ok = out[(out["error"] == "") & (out["batching"] == "inflight")]
+    groups = [(f"{g} / {p}", rows) for (g, p), rows in ok.groupby(["gpu", "precision"])]
+    groups += [(f"{m}", rows) for m, rows in ok.groupby("model")]
+    groups += [(f"tp{t} pp{p}", rows) for (t, p), rows in ok.groupby(["tp", "pp"])]
+    groups += [
+        ("held-out (not fitted)", ok[~ok["fit_set"]]),
+        ("fitted third", ok[ok["fit_set"]]),
+        ("ALL", ok),
+    ]
+    table = []
+    for name, g in groups:
+        thr = error_stats(g["ape_output_tokens_per_s_per_gpu"])
+        bias = (
+            g["pred_output_tokens_per_s_per_gpu"].astype(float) / g["meas_output_tokens_per_s_per_gpu"]
+        ).median()
+        table.append(
+            {
+                "group": name,
+                "rows": thr["rows"],
+                "median APE %": thr["median_ape_%"],
+                "within ±20% %": thr["within_20%"],
+                "MAPE %": thr["mape_%"],
+                "median predicted/measured": bias,
+            }
+        )
+    return pd.DataFrame(table)
+
+
 def phase_table(out: pd.DataFrame) -> pd.DataFrame:
     """TTFT and TPOT where they were published."""
-    ok = out[(out["error"] == "") & out["meas_ttft_ms"].notna()]
+    ok = out[(out["error"] == "") & out["meas_ttft_ms"].notna() & (out["batching"] != "inflight")]
     cols = ["model", "tp", "batch_size", "input_len", "output_len", "meas_ttft_ms"]
     cols += ["pred_ttft_ms", "meas_tpot_ms", "pred_tpot_ms"]
     return ok[cols].reset_index(drop=True)
