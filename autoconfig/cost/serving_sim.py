@@ -97,11 +97,12 @@ def simulate(
     limits: Limits,
     stop: Stop | None = None,
     max_steps: int = 100_000,
+    jumps: bool = True,
 ) -> Simulated:
     """Runs every row until its requests finish, it is stopped, or `max_steps` loop steps.
     A step is one iteration, or a run of identical iterations in which nothing arrives,
     finishes or completes its prompt (their time is exact: only the context and the prefill
-    position grow, linearly)."""
+    position grow, linearly); `jumps=False` steps them one by one (for checks)."""
     n, r = len(limits.rate), trace.requests
     rows = np.arange(n)
     pp = np.asarray(step.pp, dtype=float)
@@ -209,7 +210,7 @@ def simulate(
         waits = (chunk == 0) & (head < r) & (running < limits.max_seqs)
         gap = np.where(waits, arrival[rows, np.minimum(head, r - 1)] - clock, np.inf)
 
-        if (runs >= 2).any():
+        if jumps and (runs >= 2).any():
             extra = np.maximum(runs - 1.0, 0.0) * batch
             pairs_k = _chunk_pairs(pairs_before, cum_prompt, inp, prefilled, chunk, runs, cached)
             later = np.where(
