@@ -440,7 +440,11 @@ def _simulate_ladder(
     """Round 1: each chosen candidate at the ladder of rates (and the requested rate); round
     2: two rates between the last that met and the first that missed."""
     if len(chosen) == 0:
-        return pd.DataFrame(columns=["candidate", "rate", "meets"])
+        empty = {"candidate": pd.Series(dtype=int), "rate": pd.Series(dtype=float)}
+        for name in ("ttft", "tpot", "latency"):
+            for q in sorted({50.0, 90.0, 99.0, slo.percentile}):
+                empty[f"{name}_p{q:g}_ms"] = pd.Series(dtype=float)
+        return pd.DataFrame({**empty, "meets": pd.Series(dtype=bool)})
     table = deps.table
     fractions = np.array(LADDER)
     cand = np.repeat(chosen, len(fractions))

@@ -108,7 +108,8 @@ def inflight_table(out: pd.DataFrame) -> pd.DataFrame:
     for name, g in groups:
         thr = error_stats(g["ape_output_tokens_per_s_per_gpu"])
         bias = (
-            g["pred_output_tokens_per_s_per_gpu"].astype(float) / g["meas_output_tokens_per_s_per_gpu"]
+            g["pred_output_tokens_per_s_per_gpu"].astype(float)
+            / g["meas_output_tokens_per_s_per_gpu"]
         ).median()
         table.append(
             {
