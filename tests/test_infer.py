@@ -72,7 +72,8 @@ def test_nothing_meets_the_budget_names_the_closest_point(tmp_path: Path) -> Non
     assert "TTFT" in out.closest and "vs 5" in out.closest
     result = run(
         "infer", "--model", "llama2-70b", "--gpu", "h100-sxm-80gb", "--gpus", "8",
-        "--input-len", "2048", "--output-len", "256", "--max-ttft-ms", "5", "--batching", "static",
+        "--input-len", "2048", "--output-len", "256", "--max-ttft-ms", "5",
+        "--batching", "static",
         "--out", str(tmp_path / "r"),
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
@@ -83,8 +84,8 @@ def test_nothing_meets_the_budget_names_the_closest_point(tmp_path: Path) -> Non
 def test_gpt3_175b_serving_report(tmp_path: Path) -> None:
     result = run(
         "infer", "--model", "gpt3-175b", "--gpu", "a100-sxm-80gb", "--gpus", "16",
-        "--input-len", "60", "--output-len", "20", "--max-latency-ms", "1500", "--batching", "static",
-        "--out", str(tmp_path / "serve175"),
+        "--input-len", "60", "--output-len", "20", "--max-latency-ms", "1500",
+        "--batching", "static", "--out", str(tmp_path / "serve175"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "TTFT ms" in result.stdout and "tok/s/GPU" in result.stdout
