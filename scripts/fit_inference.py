@@ -3,6 +3,11 @@ fixed third of that chip's published inference points.
 
     python scripts/fit_inference.py            # fit and write the profiles
     python scripts/fit_inference.py --dry-run  # print the constants only
+    python scripts/fit_inference.py --cpu      # measure this machine, fit cpu-gloo
+
+--cpu measures the bundled generator's continuous-batching loop on this machine (tiny-llama,
+one and two ranks, a fit workload of its own: other lengths and seeds than the goodput check in
+docs/inference.md) and fits cpu-gloo's constants to the time of every iteration it ran.
 
 Fitted rows: those whose sha256(run_id) % 3 == 0 (autoconfig.serve.validation), of engines with
 fused kernels; scripts/validate_inference.py reports the other rows apart. Static rows are
@@ -99,10 +104,111 @@ def _write(chip: str, block: dict) -> None:
         print("wrote", path)
 
 
+# The CPU fit's measurements: (tp, max-num-seqs, requests/s) on a workload of its own.
+CPU_RUNS = ((1, 8, 15.0), (1, 32, 40.0), (1, 32, 80.0), (2, 8, 2.0), (2, 32, 4.0))
+CPU_MODEL = "tiny-llama"
+
+
+def measure_cpu(folder: Path) -> list[dict]:
+    """Runs the continuous-batching loop for CPU_RUNS; returns each run's iterations."""
+    import json
+    import os
+
+    from autoconfig.serve.workload import Lengths, Workload
+    from autoconfig.trainer.config import make_config
+    from autoconfig.trainer.launch import launch_local
+    from autoconfig.trainer.serve_loop import LOAD_ENV, ServeLoad
+
+    trace = Workload(Lengths(8, 160), Lengths(4, 64), requests=60, seed=101).trace()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    out = []
+    for tp, seqs, rate in CPU_RUNS:
+        os.environ[LOAD_ENV] = json.dumps(
+            {
+                "arrivals": trace.arrival.tolist(),
+                "inputs": trace.input_len.astype(int).tolist(),
+                "outputs": trace.output_len.astype(int).tolist(),
+                "layouts": {ServeLoad.key(tp, seqs): {"rate": rate, "max_tokens": 256}},
+            }
+        )
+        cfg = make_config(
+            model=CPU_MODEL, task="generate", tp=tp, mbs=seqs, device="cpu", gpu="cpu-gloo",
+            input_len=int(trace.input_len.max()), output_len=int(trace.output_len.max()),
+            seq_len=int(trace.input_len.max() + trace.output_len.max()), steps=2, warmup=1,
+        )  # fmt: skip
+        run = folder / f"tp{tp}-seqs{seqs}-rate{rate:g}"
+        code, metrics = launch_local(cfg, run)
+        if code != 0:
+            raise SystemExit(f"{run}: {metrics.message}")
+        records = json.loads((run / "rank0.json").read_text())["iterations"]
+        print(f"measured {run.name}: {len(records)} iterations")
+        out.append({"tp": tp, "records": records})
+    os.environ.pop(LOAD_ENV, None)
+    return out
+
+
+def fit_cpu(runs: list[dict]) -> tuple[dict[str, float], float, int]:
+    """cpu-gloo's constants from the measured iterations (time of each, log error)."""
+    from autoconfig.columns import serving_inputs
+    from autoconfig.cost.serving_sim import _round
+    from autoconfig.cost.serving_step import step_model
+
+    gpu = catalog.get_gpu("cpu-gloo")
+    spec = catalog.get_model(CPU_MODEL)
+    rows = [(run["tp"], *rec) for run in runs for rec in run["records"]]
+    data = np.array(rows, dtype=float)
+    tp, prompt, pairs, cached, decodes, context, emitting, seconds = data.T
+    frame = pd.DataFrame(
+        {
+            "tp": tp,
+            "pp": 1.0,
+            "batch_size": 1.0,
+            "input_len": 64.0,
+            "output_len": 32.0,
+            "replicas": 1.0,
+            "precision": "fp32",
+            "kv_precision": "fp32",
+        }
+    )
+    inputs = serving_inputs(spec, (gpu, gpu.cluster), frame)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        cols = {COLUMN[n]: v * PARAMS[n][3] for n, v in zip(PARAMS, theta, strict=True)}
+        step = step_model(dataclasses.replace(inputs, **cols))
+        pred = _round(step, 1.0, prompt + decodes, pairs, cached, context, emitting)
+        return np.log(pred / seconds)
+
+    start = np.array([0.5, 0.3, 40.0, 3000.0, 300.0])
+    lower = np.array([0.01, 0.01, 0.0, 0.0, 0.0])
+    upper = np.array([1.0, 1.0, 5000.0, 50000.0, 50000.0])
+    result = least_squares(residuals, start, bounds=(lower, upper), loss="soft_l1", f_scale=0.2)
+    return dict(zip(PARAMS, result.x.tolist(), strict=True)), float(result.cost), len(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="measure this machine, fit cpu-gloo")
     args = parser.parse_args()
+    if args.cpu:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            runs = measure_cpu(Path(folder))
+        constants, cost, count = fit_cpu(runs)
+        print(f"cpu: fitted on {count} iterations; robust cost {cost:.4f}")
+        print("  ", {k: round(v, 4) for k, v in constants.items()})
+        if not args.dry_run:
+            _write(
+                "cpu",
+                {k: round(v, 5) for k, v in constants.items()}
+                | {
+                    "provenance": f"fitted by scripts/fit_inference.py --cpu on {count} "
+                    f"iterations of the bundled generator's continuous-batching loop "
+                    f"({CPU_MODEL}, one and two gloo ranks, its own fit workload)"
+                },
+            )
+        return
     runs = load_inference_runs()
     fit_rows = runs[runs["fit_set"]].reset_index(drop=True)
     chip_of = {g: catalog.get_gpu(g).chip for g in fit_rows["gpu"].unique()}

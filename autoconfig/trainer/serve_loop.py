@@ -126,12 +126,14 @@ def _attend(
         cache.v[slots, :, positions] = v[:, span].transpose(0, 1)
         longest = int(positions.max()) + 1
         keys, values = cache.k[slots, :, :longest], cache.v[slots, :, :longest]
+        # Grouped queries against their K/V head without repeating K/V (b, kv, group, d).
+        kv_heads = keys.shape[1]
+        query = q[:, span].transpose(0, 1).reshape(b, kv_heads, -1, d)
+        scores = torch.matmul(query, keys.transpose(-1, -2)) / d**0.5
         mask = torch.arange(longest, device=x.device)[None, :] <= positions[:, None]
-        query = q[:, span].transpose(0, 1)[:, :, None, :]  # (b, heads, 1, d)
-        out = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=mask[:, None, None, :], enable_gqa=gqa
-        )
-        outs.append(out[:, :, 0].transpose(0, 1))
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), values)  # (b, kv, group, d)
+        outs.append(out.reshape(b, -1, d).transpose(0, 1))
     merged = torch.cat(outs, dim=1).transpose(0, 1).reshape(1, n, -1)
     return attn.wo(merged)
 
