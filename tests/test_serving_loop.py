@@ -79,3 +79,36 @@ def test_a_trace_served_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     records = json.loads((tmp_path / "rank0.json").read_text())["iterations"]
     assert sum(rec[0] for rec in records) == sum(inputs)  # every prompt token once
     assert len(records) == serve["iterations"]
+
+
+@pytest.mark.slow
+def test_measured_goodput_search_end_to_end(tmp_path: Path) -> None:
+    """The best simulated deployments serve the simulated trace through the study: measured
+    TTFT/TPOT percentiles land beside the simulated ones; layouts the generator cannot run
+    are recorded as invalid with their reason."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    out = tmp_path / "goodput"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "autoconfig.cli", "infer", "--model", "tiny-llama",
+            "--gpus", "2", "--device", "cpu", "--measure", "--max-ttft-ms", "500",
+            "--max-tpot-ms", "80", "--input-len", "16:64", "--output-len", "4:16",
+            "--requests", "40", "--max-num-seqs", "8", "--max-num-batched-tokens", "128",
+            "--trials", "2", "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = pd.read_csv(out / "trials.csv")
+    ok = trials[trials["class"] == "ok"]
+    assert len(ok) >= 1
+    for m in ("ttft", "tpot"):
+        assert (ok[f"measured_{m}_p90_ms"] > 0).all() and (ok[f"pred_{m}_p90_ms"] > 0).all()
+        assert (ok[f"measured_{m}_p50_ms"] <= ok[f"measured_{m}_p99_ms"]).all()
+    assert "req/s" in ok.iloc[0]["layout"]
+    refused = trials[trials["class"] == "invalid"]
+    assert refused["reason"].str.startswith("pp:").all()
