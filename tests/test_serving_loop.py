@@ -111,4 +111,4 @@ def test_measured_goodput_search_end_to_end(tmp_path: Path) -> None:
         assert (ok[f"measured_{m}_p50_ms"] <= ok[f"measured_{m}_p99_ms"]).all()
     assert "req/s" in ok.iloc[0]["layout"]
     refused = trials[trials["class"] == "invalid"]
-    assert refused["reason"].str.startswith("pp:").all()
+    assert refused["reason"].astype(str).str.startswith("pp:").all()
