@@ -114,12 +114,12 @@ def measure_cpu(folder: Path) -> list[dict]:
     import json
     import os
 
+    import torch
+
     from autoconfig.serve.workload import Lengths, Workload
     from autoconfig.trainer.config import make_config
     from autoconfig.trainer.launch import launch_local
     from autoconfig.trainer.serve_loop import LOAD_ENV, ServeLoad
-
-    import torch
 
     trace = Workload(Lengths(8, 160), Lengths(4, 64), requests=60, seed=101).trace()
     # One thread per rank, as the measured search's trials run (measure/task.py).
