@@ -21,6 +21,7 @@ with pp stages an iteration is a round of pp micro-batches, each a pp-th of the 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +77,8 @@ class Simulated:
         """[N, 3] p50/p90/p99 of `values` over the requests after the first `skip`."""
         kept = values[:, skip:]
         kept = np.where(np.isnan(kept), np.inf, kept) if values is not self.tpot else kept
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # rows without any TPOT: nan
             return np.nanpercentile(kept, PERCENTILES, axis=1).T
 
 

@@ -15,6 +15,7 @@ Three passes keep thousands of candidates within seconds:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -209,7 +210,9 @@ class Runs:
 
         def pct(values: np.ndarray, q: float) -> np.ndarray:
             kept = values[:, k:]
-            with np.errstate(all="ignore"):
+            # A row whose requests all produced one token has no TPOT: nan, said once here.
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
                 return np.nanpercentile(kept, q, axis=1)
 
         ttft = np.where(np.isnan(s.ttft), np.inf, s.ttft)
@@ -379,7 +382,8 @@ def search(req: Request):
         )
     eligible = (pruned == "").to_numpy()
     gpus_per_replica = (table["tp"] * table["pp"]).to_numpy(float)
-    slack = np.minimum(1.0, 1e3 * slo.tpot_s / table["max_load_tpot_ms"].to_numpy())
+    with np.errstate(all="ignore"):
+        slack = np.minimum(1.0, 1e3 * slo.tpot_s / table["max_load_tpot_ms"].to_numpy())
     score = np.where(eligible, per_replica_max.to_numpy() / gpus_per_replica * slack, -np.inf)
     chosen = _pick(table, score, req.simulate_top)
     pruned[eligible & ~np.isin(np.arange(len(table)), chosen)] = (
