@@ -29,7 +29,9 @@ from autoconfig.cost.serving_sim import Limits, Simulated, Stop, simulate
 from autoconfig.cost.serving_step import StepModel, step_model, take
 from autoconfig.errors import UserError
 from autoconfig.serve.request import Request
-from autoconfig.serve.workload import Workload, chat
+from autoconfig.serve.result import ServingResult
+from autoconfig.serve.search import min_gpus, tp_degrees
+from autoconfig.serve.workload import Lengths, Workload, chat
 from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
 from autoconfig.vocab import GIB, KvPrecision, ServePrecision
 
@@ -79,10 +81,8 @@ def kv_choices(req: Request, gpu: GPUSpec) -> list[str]:
 def layouts(req: Request, spec: ModelSpec, node: int) -> list[tuple[int, int, int]]:
     """(tp, pp, ep) of replicas that use all the GPUs: tp within a node unless allowed
     across, tp suited to the heads; ep = tp for MoE models as a second choice."""
-    from autoconfig.serve.search import _tp_degrees
-
     out = []
-    for tp in _tp_degrees(spec, req.gpus, node, req.allow_tp_across_nodes):
+    for tp in tp_degrees(spec, req.gpus, node, req.allow_tp_across_nodes):
         if req.gpus % tp:
             continue
         for pp in range(1, min(req.gpus // tp, spec.layers) + 1):
@@ -293,8 +293,6 @@ def gpu_and_cluster(req: Request) -> tuple[GPUSpec, ClusterSpec]:
 
 def _lengths_workload(req: Request) -> Workload:
     """The workload asked for: a file, fixed lengths, or the typical chat default."""
-    from autoconfig.serve.workload import Lengths
-
     if req.workload is not None:
         return req.workload
     if req.input_len and req.output_len:
@@ -331,12 +329,12 @@ def _check(req: Request, spec: ModelSpec, workload: Workload) -> None:
         )
 
 
-def search(req: Request):
+def search(req: Request) -> ServingResult:
     """Every continuous-batching candidate with its analytic figures; the most promising
     simulated at a ladder of rates; ranked by goodput per GPU (or, with a request rate, those
     that meet the SLOs at it first)."""
+    # disaggregate.py builds on this module's simulation helpers, so it is imported here.
     from autoconfig.serve.disaggregate import disaggregated
-    from autoconfig.serve.result import ServingResult
 
     spec = catalog.get_model(req.model) if isinstance(req.model, str) else req.model
     workload = _lengths_workload(req)
@@ -595,8 +593,6 @@ def _closest(out: pd.DataFrame, slo: Slo, req: Request) -> str:
 
 
 def _no_fit(req: Request, spec: ModelSpec, workload: Workload, table: pd.DataFrame) -> str:
-    from autoconfig.serve.search import min_gpus
-
     weights = float(table["weights_gb"].min())
     node = gpu_and_cluster(req)[1].domain
     static = Request(
