@@ -52,6 +52,10 @@ def test_a_rate_nothing_can_take_names_the_closest(tmp_path: Path) -> None:
     result = api.infer(**SMALL, max_ttft_ms=300, max_tpot_ms=30, request_rate=10_000)
     assert result.feasible == 0
     assert "capacity" in result.table.iloc[0]["pruned"]
+    # the closest is the deployment that fits and takes the most requests/s
+    fit = result.table[result.table["fits"].fillna(False).astype(bool)]
+    most = fit.loc[fit["max_load_requests_per_s"].idxmax()]
+    assert result.closest.endswith(most["pruned"]) and "capacity" in result.closest
     done = run(*FLAGS, "--max-ttft-ms", "300", "--max-tpot-ms", "30", "--request-rate", "10000")
     assert done.returncode == 1, done.stderr
     assert "nothing meets the budget; closest: tp" in done.stdout

@@ -584,12 +584,26 @@ def label_of(row: pd.Series) -> str:
 
 
 def _closest(out: pd.DataFrame, slo: Slo, req: Request) -> str:
+    """The simulated deployment that misses least; when none was simulated, of those that fit,
+    the one taking the most requests/s if capacity ruled them out, else the one whose lone
+    request comes nearest the TTFT and TPOT limits."""
     sim = out[out["simulated"]]
-    if sim.empty:
+    if not sim.empty:
+        row = sim.loc[sim["miss"].idxmin()]
+        return f"{label_of(row)}: {_miss_text(row, slo, req)}"
+    fit = out[out["fits"].fillna(False).astype(bool)]
+    if fit.empty:
         first = out.iloc[0]
         return f"{label_of(first)}: {first['pruned']}"
-    row = sim.loc[sim["miss"].idxmin()]
-    return f"{label_of(row)}: {_miss_text(row, slo, req)}"
+    short = fit[fit["pruned"].astype(str).str.startswith("capacity")]
+    if len(short):
+        row = short.loc[short["max_load_requests_per_s"].idxmax()]
+    else:
+        over = np.maximum(
+            fit["alone_ttft_ms"] / (1e3 * slo.ttft_s), fit["alone_tpot_ms"] / (1e3 * slo.tpot_s)
+        )
+        row = fit.loc[over.idxmin()]
+    return f"{label_of(row)}: {row['pruned']}"
 
 
 def _no_fit(req: Request, spec: ModelSpec, workload: Workload, table: pd.DataFrame) -> str:
