@@ -15,13 +15,16 @@ from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.frame import read_training_rows, with_predictions
+from autoconfig.serve import goodput
 from autoconfig.serve import search as serve_search
 from autoconfig.serve.predict import predict_frame
 from autoconfig.serve.request import Budget, Request
 from autoconfig.serve.result import ServingResult
+from autoconfig.serve.workload import DEFAULT_REQUESTS, Lengths, Workload, chat, read_workload
 from autoconfig.specs import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
 from autoconfig.training import run as search_run
 from autoconfig.training.result import SearchResult
+from autoconfig.vocab import Batching
 
 
 def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
@@ -203,40 +206,126 @@ def infer(
     gpu: str,
     gpus: int,
     *,
-    input_len: int,
-    output_len: int,
+    input_len: int | str | None = None,
+    output_len: int | str | None = None,
     max_ttft_ms: float | None = None,
     max_tpot_ms: float | None = None,
     max_latency_ms: float | None = None,
     min_throughput: float | None = None,
     objective: str = "throughput",
-    precision: str = "bf16",
-    kv_precision: str = "auto",
+    precision: str | tuple[str, ...] | None = None,
+    kv_precision: str | tuple[str, ...] | None = None,
     max_batch: int = 1024,
     batches: tuple[int, ...] | None = None,
     gpus_per_node: int | None = None,
     allow_tp_across_nodes: bool = False,
+    batching: str = "continuous",
+    workload: Workload | str | Path | None = None,
+    request_rate: float | None = None,
+    percentile: float = 90.0,
+    max_num_seqs: tuple[int, ...] | None = None,
+    max_num_batched_tokens: tuple[int, ...] | None = None,
+    kv_cache_fraction: float = 0.9,
+    disaggregation: bool = True,
+    requests: int | None = None,
+    seed: int = 0,
 ) -> ServingResult:
-    """Every (tp, pp, batch, replicas) serving candidate on `gpus` GPUs, best first.
+    """Every serving candidate on `gpus` GPUs, best first.
 
-    `result.table` columns: the layout, pred_* figures, memory and time breakdowns, `meets`
-    (fits and within the budget), `pruned` (why not), `rank`, `pareto`. Raises UserError with
-    one line for bad input, including a model that fits on no split of the GPUs.
+    Continuous batching (the default): every (tp, pp, ep, replicas, weight and K/V precision,
+    max-num-seqs, max-num-batched-tokens) replica, and disaggregated prefill/decode pools,
+    ranked by goodput (requests/s within the TTFT/TPOT/latency limits at `percentile`) from a
+    scheduler simulation of `workload` (a Workload, a CSV path, or the lengths given: an int
+    or 'LOW:HIGH'; the typical chat turn without either). With `request_rate` the deployments
+    that meet the limits at that rate come first.
+
+    Static batching: every (tp, pp, batch, replicas) with its TTFT, TPOT and latency, ranked
+    by throughput per GPU or latency (`objective`).
+
+    `result.table` holds every candidate with `meets`, `pruned` (why not) and `rank`. Raises
+    UserError with one line for bad input, including a model that fits on no split.
     """
-    return serve_search.search(
+    budget = Budget(max_ttft_ms, max_tpot_ms, max_latency_ms, min_throughput)
+    kind = Batching.parse(batching, "batching")
+    weights = (precision,) if isinstance(precision, str) else precision
+    kvs = (kv_precision,) if isinstance(kv_precision, str) else kv_precision
+    if kind is Batching.STATIC:
+        for name, value in (("input-len", input_len), ("output-len", output_len)):
+            if value is None:
+                raise UserError(f"{name}: required for static batching")
+        fixed = [
+            Lengths.parse(v, n) for n, v in (("input-len", input_len), ("output-len", output_len))
+        ]
+        for name, length in zip(("input-len", "output-len"), fixed, strict=True):
+            if length.low != length.high:
+                raise UserError(f"{name}: static batching takes one length, not a range")
+        return serve_search.search(
+            Request(
+                model=model,
+                gpu=gpu,
+                gpus=gpus,
+                input_len=fixed[0].low,
+                output_len=fixed[1].low,
+                precision=(weights or ("bf16",))[0],
+                kv_precision=(kvs or ("auto",))[0],
+                budget=budget,
+                objective=objective,
+                max_batch=max_batch,
+                batches=batches,
+                gpus_per_node=gpus_per_node,
+                allow_tp_across_nodes=allow_tp_across_nodes,
+            )
+        )
+    load = make_workload(workload, input_len, output_len, requests, seed)
+    return goodput.search(
         Request(
             model=model,
             gpu=gpu,
             gpus=gpus,
-            input_len=input_len,
-            output_len=output_len,
-            precision=precision,
-            kv_precision=kv_precision,
-            budget=Budget(max_ttft_ms, max_tpot_ms, max_latency_ms, min_throughput),
+            input_len=round(load.input.mean),
+            output_len=round(load.output.mean),
+            budget=budget,
             objective=objective,
-            max_batch=max_batch,
-            batches=batches,
             gpus_per_node=gpus_per_node,
             allow_tp_across_nodes=allow_tp_across_nodes,
+            batching=kind.value,
+            workload=load,
+            request_rate=request_rate,
+            percentile=percentile,
+            precisions=weights,
+            kv_precisions=kvs,
+            max_seqs=max_num_seqs,
+            max_tokens=max_num_batched_tokens,
+            kv_fraction=kv_cache_fraction,
+            disaggregation=disaggregation,
         )
     )
+
+
+def make_workload(
+    workload: Workload | str | Path | None,
+    input_len: int | str | None,
+    output_len: int | str | None,
+    requests: int | None = None,
+    seed: int = 0,
+) -> Workload:
+    """The workload asked for: a Workload, a CSV of lengths (and arrival times), the lengths
+    given, or the typical chat turn."""
+    count = requests or DEFAULT_REQUESTS
+    if requests is not None and requests < 20:
+        raise UserError(f"requests: simulate at least 20 requests (got {requests})")
+    if isinstance(workload, Workload):
+        return workload
+    if workload is not None:
+        if input_len is not None or output_len is not None:
+            raise UserError("workload: give either --workload or --input-len/--output-len")
+        return read_workload(Path(workload), seed, count)
+    base = chat()
+    given = Workload(
+        Lengths.parse(input_len, "input-len") if input_len is not None else base.input,
+        Lengths.parse(output_len, "output-len") if output_len is not None else base.output,
+        requests=count,
+        seed=seed,
+        source="typical chat" if input_len is None and output_len is None else "given lengths",
+    )
+    return given

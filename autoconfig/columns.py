@@ -209,6 +209,23 @@ def training_inputs_of(
 SERVING_COLUMNS = ("tp", "pp", "batch_size", "input_len", "output_len", "replicas")
 """What a serving deployment table holds (plus `precision` and `kv_precision` values)."""
 
+CONTINUOUS_DEFAULTS = {
+    "ep": 1.0,
+    "max_seqs": 256.0,
+    "max_tokens": 8192.0,
+    "kv_fraction": 0.9,
+    "block_tokens": 16.0,
+}
+"""Continuous-batching columns a deployment table may add (ServeInputs' defaults)."""
+
+# The tensor-core format a serving precision computes in: fp8 and nvfp4 checkpoints quantise
+# activations too; weight-only int8/int4 dequantise to 16-bit before the GEMM.
+_COMPUTE = {"fp8": Precision.FP8, "nvfp4": Precision.NVFP4, "fp32": Precision.BF16}
+
+
+def serving_compute(precision: str) -> Precision:
+    return _COMPUTE.get(str(precision), Precision.FP16)
+
 
 def serving_inputs(
     models: ModelSpec | Sequence[ModelSpec],
@@ -217,16 +234,17 @@ def serving_inputs(
     flash_attention: Values = 1.0,
 ) -> ServeInputs:
     """Serving columns for `deployments`: tp, pp, batch_size, input_len, output_len, replicas
-    (numbers), precision (a vocab.ServePrecision value: the weights) and kv_precision (resolved,
-    not auto). A replica is the training layout's single data-parallel copy at the input
-    length, with the batch as one micro-batch and nothing sharded beyond tp and pp."""
+    (numbers), precision (a vocab.ServePrecision value: the weights), kv_precision (resolved,
+    not auto) and optionally the continuous-batching columns of CONTINUOUS_DEFAULTS. A replica
+    is the training layout's single data-parallel copy at the input length, with the batch as
+    one micro-batch and nothing sharded beyond tp and pp."""
     d = deployments
-    weights_fp8 = (d["precision"].astype(str) == "fp8").to_numpy()
+    compute = [serving_compute(p) for p in d["precision"].astype(str)]
     n = len(d)
     pairs = [gpus] * n if isinstance(gpus, tuple) else list(gpus)
     hardware = [
-        Hardware(g, c, Precision.FP8.value if fp8 else Precision.FP16.value)
-        for (g, c), fp8 in zip(pairs, weights_fp8, strict=True)
+        Hardware(g, c, (p if g.supports(p.value) else Precision.FP16).value)
+        for (g, c), p in zip(pairs, compute, strict=True)
     ]
     ones = np.ones(n)
     replica = pd.DataFrame(
@@ -253,13 +271,29 @@ def serving_inputs(
         id,
     )
     names = {f.name for f in fields(ServeInputs)}
+    weights = [ServePrecision(str(p)) for p in d["precision"]]
+    act = [_activation_bytes(w) for w in weights]
+    continuous = {
+        k: (d[k].to_numpy(float) if k in d else np.full(n, v))
+        for k, v in CONTINUOUS_DEFAULTS.items()
+    }
     return ServeInputs(
         x=x,
         batch=d["batch_size"].to_numpy(float),
         input_len=d["input_len"].to_numpy(float),
         output_len=d["output_len"].to_numpy(float),
-        weight_bytes=d["precision"].map(lambda p: ServePrecision(str(p)).bytes).to_numpy(float),
+        weight_bytes=np.array([w.bytes for w in weights], float),
         kv_bytes=d["kv_precision"].map(lambda p: KvPrecision(str(p)).bytes).to_numpy(float),
         replicas=d["replicas"].to_numpy(float),
+        act_bytes=np.array(act, float),
+        **continuous,
         **{k: np.asarray(v, float) for k, v in constants.items() if k in names},
     )
+
+
+def _activation_bytes(weights: ServePrecision) -> float:
+    """Bytes of one GEMM input element: quantised with the weights for fp8/nvfp4, else the
+    16-bit (or fp32) activations."""
+    if weights in (ServePrecision.FP8, ServePrecision.NVFP4):
+        return weights.bytes
+    return 4.0 if weights is ServePrecision.FP32 else 2.0

@@ -225,3 +225,36 @@ class Objective(Choice):
 
     THROUGHPUT = "throughput"
     LATENCY = "latency"
+
+
+class Batching(Choice):
+    """How a serving engine batches requests: `static` batches run to completion together;
+    `continuous` (in-flight, iteration-level) batches admit and retire requests every
+    iteration (Yu et al. 2022, "Orca"), as vLLM, SGLang and TensorRT-LLM do."""
+
+    CONTINUOUS = "continuous"
+    STATIC = "static"
+
+    @classmethod
+    def parse(cls, text: object, field: str) -> Batching:
+        # TensorRT-LLM calls continuous batching "in-flight batching".
+        if str(text).strip().lower() in ("inflight", "in-flight"):
+            return cls.CONTINUOUS
+        return super().parse(text, field)  # type: ignore[return-value]
+
+
+class Engine(Choice):
+    """Serving engines whose launch flags `infer --emit` writes."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+class Arrival(Choice):
+    """How requests arrive: a Poisson process at the request rate, all at once (an offline
+    benchmark at maximum load), or at the times of a given trace."""
+
+    POISSON = "poisson"
+    BURST = "burst"
+    TRACE = "trace"

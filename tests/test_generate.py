@@ -78,6 +78,7 @@ def test_measured_serving_search_end_to_end(tmp_path: Path) -> None:
         [
             sys.executable, "-m", "autoconfig.cli", "infer", "--model", "tiny-llama",
             "--gpus", "2", "--input-len", "32", "--output-len", "8", "--batch", "4",
+            "--batching", "static",
             "--measure", "--device", "cpu", "--trials", "2", "--steps", "3", "--warmup", "1",
             "--out", str(out),
         ],
@@ -109,6 +110,7 @@ def test_measured_serving_trial_through_slurm(tmp_path: Path, slurm) -> None:
         [
             sys.executable, "-m", "autoconfig.cli", "infer", "--model", "tiny-llama",
             "--gpus", "2", "--input-len", "16", "--output-len", "4", "--batch", "2",
+            "--batching", "static",
             "--objective", "latency", "--max-latency-ms", "100000", "--measure",
             "--device", "cpu", "--executor", "slurm", "--gpus-per-node", "2", "--trials", "2",
             "--steps", "2", "--warmup", "1", "--out", str(out),

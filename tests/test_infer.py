@@ -14,7 +14,14 @@ from conftest import run_cli as run
 from autoconfig import api
 from autoconfig.errors import UserError
 
-LLAMA = dict(model="llama2-70b", gpu="h100-sxm-80gb", gpus=8, input_len=2048, output_len=256)
+LLAMA = dict(
+    model="llama2-70b",
+    gpu="h100-sxm-80gb",
+    gpus=8,
+    input_len=2048,
+    output_len=256,
+    batching="static",
+)
 
 
 def test_search_respects_the_budget_and_ranks_by_throughput() -> None:
@@ -66,6 +73,7 @@ def test_nothing_meets_the_budget_names_the_closest_point(tmp_path: Path) -> Non
     result = run(
         "infer", "--model", "llama2-70b", "--gpu", "h100-sxm-80gb", "--gpus", "8",
         "--input-len", "2048", "--output-len", "256", "--max-ttft-ms", "5",
+        "--batching", "static",
         "--out", str(tmp_path / "r"),
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
@@ -77,7 +85,7 @@ def test_gpt3_175b_serving_report(tmp_path: Path) -> None:
     result = run(
         "infer", "--model", "gpt3-175b", "--gpu", "a100-sxm-80gb", "--gpus", "16",
         "--input-len", "60", "--output-len", "20", "--max-latency-ms", "1500",
-        "--out", str(tmp_path / "serve175"),
+        "--batching", "static", "--out", str(tmp_path / "serve175"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "TTFT ms" in result.stdout and "tok/s/GPU" in result.stdout
@@ -100,7 +108,7 @@ def test_gpt3_175b_serving_report(tmp_path: Path) -> None:
         (["--max-ttft-ms", "-5"], ("max-ttft-ms", "positive")),
         (["--max-tpot-ms", "0"], ("max-tpot-ms", "positive")),
         (["--input-len", "4000", "--output-len", "200"], ("input-len", "4096")),
-        (["--gpus", "1"], ("gpus", "does not fit", "needs at least 2 GPUs")),
+        (["--gpus", "1", "--precision", "bf16"], ("gpus", "does not fit", "needs at least 2 GPUs")),
         (["--precision", "fp8", "--gpu", "a100-sxm-80gb"], ("precision", "fp8")),
         (["--model", "llama2-70x"], ("llama2-70b",)),
         (["--gpu", "h900"], ("gpu",)),
@@ -119,7 +127,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needles: tuple[str, ...])
 
 def test_min_gpus_message_counts_the_smallest_split() -> None:
     with pytest.raises(UserError, match=r"needs at least 5 GPUs \(tp1 pp5\)"):
-        api.infer("gpt3-175b", "a100-sxm-80gb", 2, input_len=60, output_len=20)
+        api.infer("gpt3-175b", "a100-sxm-80gb", 2, input_len=60, output_len=20, batching="static")
 
 
 def test_batch_mode_over_the_reference_table(tmp_path: Path, reference: Path) -> None:

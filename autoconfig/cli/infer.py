@@ -21,8 +21,11 @@ from autoconfig.serve.result import ServingResult
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
 
+from autoconfig.report.serving_flags import launch_flags
 from autoconfig.vocab import (
+    Batching,
     Device,
+    Engine,
     Executor,
     KvPrecision,
     Objective,
@@ -38,8 +41,15 @@ def infer(
         None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
     ),
     gpus: int = typer.Option(None, help="GPUs of the deployment (with --measure: the most ranks)"),
-    input_len: int = typer.Option(None, help="prompt tokens per request"),
-    output_len: int = typer.Option(None, help="generated tokens per request"),
+    input_len: str = typer.Option(
+        None, help="prompt tokens per request: N, or LOW:HIGH uniform (default: a chat turn)"
+    ),
+    output_len: str = typer.Option(
+        None, help="generated tokens per request: N, or LOW:HIGH uniform (default: a chat turn)"
+    ),
+    workload: Path = typer.Option(
+        None, help="CSV of requests: input_len, output_len[, arrival_s] (a trace if timed)"
+    ),
     max_ttft_ms: float = typer.Option(None, help="time to first token, ms", rich_help_panel=SERVE),
     max_tpot_ms: float = typer.Option(
         None, help="time per output token, ms", rich_help_panel=SERVE
@@ -50,15 +60,48 @@ def infer(
     min_throughput: float = typer.Option(
         None, help="output tokens/s of the whole deployment", rich_help_panel=SERVE
     ),
+    percentile: float = typer.Option(
+        90.0, help="the latency limits hold for this percentile of requests", rich_help_panel=SERVE
+    ),
+    request_rate: float = typer.Option(
+        None,
+        help="requests/s the deployment must take (default: find the most)",
+        rich_help_panel=SERVE,
+    ),
+    max_goodput: bool = typer.Option(
+        False,
+        help="rank by the most requests/s within the limits (the default without a rate)",
+        rich_help_panel=SERVE,
+    ),
+    batching: Batching = typer.Option(
+        Batching.CONTINUOUS, help="continuous (vLLM/SGLang/TensorRT-LLM) or static batches"
+    ),
     objective: Objective = typer.Option(
-        Objective.THROUGHPUT, help="throughput per GPU, or end-to-end latency"
+        Objective.THROUGHPUT, help="static batching: throughput per GPU or end-to-end latency"
     ),
-    precision: ServePrecision = typer.Option(
-        None, help="weights: bf16, fp16, fp8, int8 (weight-only), fp32 (default bf16; fp32 on CPU)"
+    precision: list[ServePrecision] = typer.Option(
+        None,
+        help="weights to try (repeatable): bf16, fp16, fp8, nvfp4, int8/int4 weight-only, fp32 "
+        "(default: bf16 plus fp8/nvfp4 where the GPU has them; fp32 on CPU)",
     ),
-    kv_precision: KvPrecision = typer.Option(KvPrecision.AUTO, help="K/V cache elements"),
-    max_batch: int = typer.Option(1024, help="largest static batch tried"),
-    batch: list[int] = typer.Option(None, help="try exactly these batch sizes (repeatable)"),
+    kv_precision: list[KvPrecision] = typer.Option(
+        None,
+        help="K/V-cache formats to try (repeatable; default: 16-bit, and fp8 where the GPU has it)",
+    ),
+    max_num_seqs: list[int] = typer.Option(
+        None, help="running-batch limits to try (repeatable; default 16..512)"
+    ),
+    max_num_batched_tokens: list[int] = typer.Option(
+        None, help="tokens per iteration (chunked-prefill size) to try (default 2048, 8192)"
+    ),
+    kv_cache_fraction: float = typer.Option(
+        0.9, help="share of the memory left after weights and activations given to K/V"
+    ),
+    disaggregation: bool = typer.Option(True, help="try separate prefill and decode pools"),
+    requests: int = typer.Option(None, help="requests simulated per point (default 200)"),
+    emit: Engine = typer.Option(None, help="print the best deployment's launch flags"),
+    max_batch: int = typer.Option(1024, help="static batching: largest batch tried"),
+    batch: list[int] = typer.Option(None, help="static batching: these batch sizes"),
     gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
     allow_tp_across_nodes: bool = typer.Option(False, help="let a TP group span nodes"),
     top: int = typer.Option(15, help="rows to show"),
@@ -84,23 +127,24 @@ def infer(
     slurm_account: str = typer.Option(None, rich_help_panel=MEASURE),
     slurm_option: list[str] = typer.Option(None, rich_help_panel=MEASURE),
 ) -> None:
-    """Rank every (tp, pp, batch, replicas) way to serve a model on N GPUs by predicted output
-    tokens/s per GPU within TTFT / TPOT / latency budgets; with --measure, generate the best
-    points with the bundled model and time them."""
+    """Find the best way to serve a model on N GPUs: with continuous batching, the deployment
+    (tp, pp, ep, replicas, precisions, batch and token limits, or disaggregated prefill) that
+    takes the most requests/s per GPU within TTFT / TPOT / latency limits at a percentile,
+    from a scheduler simulation of the workload; with static batches, the most output
+    tokens/s per GPU. --measure runs the best points with the bundled model."""
     if runs is not None:
         files.write_batch(api.infer_frame(read_csv(runs)), out)
         return
-    for name, value in (
-        ("model", model),
-        ("gpus", gpus),
-        ("input-len", input_len),
-        ("output-len", output_len),
-    ):
+    for name, value in (("model", model), ("gpus", gpus)):
         if value is None:
             raise UserError(f"{name}: required (or give --runs CSV)")
+    if max_goodput and request_rate is not None:
+        raise UserError("max-goodput: give either --max-goodput or --request-rate, not both")
     cpu = on_cpu(measure, device)
     gpu = gpu or ("cpu-gloo" if cpu else "h100-sxm-80gb")
-    weights = precision.value if precision else ("fp32" if cpu else "bf16")
+    weights = tuple(p.value for p in precision) if precision else (("fp32",) if cpu else None)
+    if batching is Batching.STATIC and weights is None:
+        weights = ("bf16",)
     if measure and out is None:
         if resume:
             raise UserError("out: --resume needs the --out folder of the search to continue")
@@ -117,13 +161,25 @@ def infer(
         min_throughput=min_throughput,
         objective=objective.value,
         precision=weights,
-        kv_precision=kv_precision.value,
+        kv_precision=tuple(k.value for k in kv_precision) if kv_precision else None,
         max_batch=max_batch,
         batches=tuple(batch) if batch else None,
         gpus_per_node=gpus_per_node,
         allow_tp_across_nodes=allow_tp_across_nodes,
+        batching=batching.value,
+        workload=workload,
+        request_rate=request_rate,
+        percentile=percentile,
+        max_num_seqs=tuple(max_num_seqs) if max_num_seqs else None,
+        max_num_batched_tokens=tuple(max_num_batched_tokens) if max_num_batched_tokens else None,
+        kv_cache_fraction=kv_cache_fraction,
+        disaggregation=disaggregation,
+        requests=requests,
+        seed=seed,
     )
     terminal.print_view(serving.terminal_view(result, top))
+    if emit is not None and result.best is not None:
+        print(launch_flags(result, emit))
     if measure:
         raise typer.Exit(_measure(result, model, gpu, measure_options(locals(), cpu)))
     if out is not None:

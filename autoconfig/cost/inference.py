@@ -64,6 +64,13 @@ class ServeInputs:
     kernel_s: Col
     ar_base_s: Col
     ar_step_s: Col
+    # Continuous batching (cost/serving_step.py, cost/kv_cache.py); static batches ignore them.
+    act_bytes: Col | float = 2.0  # per GEMM activation element: 2 (16-bit), 1 (fp8), 0.5625 (fp4)
+    ep: Col | float = 1.0  # expert parallel over the tp ranks (ep = tp) or not (1)
+    max_seqs: Col | float = 256.0  # most sequences running at once (max-num-seqs)
+    max_tokens: Col | float = 8192.0  # most tokens per iteration (max-num-batched-tokens)
+    kv_fraction: Col | float = 0.9  # share of the memory left after weights given to K/V
+    block_tokens: Col | float = 16.0  # tokens per K/V-cache block (paged attention)
 
 
 def _gemm(s: ServeInputs, op: Op, tokens: Col, weight_share: Col | float = 1.0) -> Col:

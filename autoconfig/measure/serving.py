@@ -1,11 +1,16 @@
 """`autoconfig infer --measure`: the best predicted serving points generated for real with the
 bundled model, through the same Optuna study, submitit executors, failure classes and resume
-as the training trials. A trial is one replica (tp ranks) generating a static batch; its value
-is measured output tokens/s per GPU."""
+as the training trials. A trial is one replica (tp ranks) generating a static batch, or, for
+continuous batching, serving the simulated request trace at the replica's share of the
+operating rate (trainer/serve_loop.py); its value is measured output tokens/s per GPU, and
+the TTFT / TPOT percentiles stand beside the simulated ones."""
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -18,6 +23,9 @@ from autoconfig.measure.session import MeasureOptions
 from autoconfig.serve.result import ServingResult
 from autoconfig.specs import ModelSpec
 from autoconfig.trainer.config import TrainConfig, make_config
+from autoconfig.trainer.serve_loop import LOAD_ENV, ServeLoad
+
+PERCENTILES = (50, 90, 99)
 
 
 @dataclass
@@ -47,6 +55,8 @@ def build(
     result: ServingResult, model: str | ModelSpec, limit: int, overrides: dict[str, object]
 ) -> ServeCandidates:
     """The `limit` best points that meet the budget (or fit, when none does), as candidates."""
+    if result.request.batching == "continuous":
+        return build_continuous(result, model, limit, overrides)
     out = result.table
     pool = out[out["meets"]] if result.feasible else out[out["pred_fits"].astype(bool)]
     pool = pool.head(limit).reset_index(drop=True)
@@ -88,6 +98,83 @@ def build(
     return cands
 
 
+def build_continuous(
+    result: ServingResult, model: str | ModelSpec, limit: int, overrides: dict[str, object]
+) -> ServeCandidates:
+    """The best simulated deployments (those that meet the limits first), one trial per
+    (tp, max-num-seqs): a replica serving its share of the operating rate."""
+    out = result.table
+    pool = out[out["simulated"].astype(bool) & (out["mode"] == "colocated")]
+    pool = pool[pool["meets"]] if pool["meets"].any() else pool
+    pool = pool.drop_duplicates(["tp", "pp", "max_num_seqs"]).head(limit)
+    req = result.request
+    trace = req.workload.trace() if req.workload is not None else None
+    if trace is None:
+        raise UserError("measure: continuous batching needs the simulated workload")
+    p = f"p{req.percentile:g}"
+    rows = []
+    replica = layout.plain(layout.Layout(zero=0).model_dump())
+    for i, (_, r) in enumerate(pool.reset_index(drop=True).iterrows()):
+        params = replica | {"tp": int(r["tp"]), "pp": int(r["pp"]), "mbs": int(r["max_num_seqs"])}
+        rate = float(r["rate_rps"]) / max(float(r["replicas"]), 1.0)
+        rows.append(
+            {
+                **params,
+                "key": layout.key(params),
+                "label": (
+                    f"tp{params['tp']} pp{params['pp']} seqs {params['mbs']} tokens "
+                    f"{int(r['max_num_batched_tokens'])} at {rate:.2f} req/s"
+                ),
+                "pred_tokens_per_s_per_gpu": float(r["pred_output_tokens_per_s_per_gpu"]),
+                "pred_step_time_s": float(r["pred_latency_ms"]) / 1e3,
+                "pred_peak_mem_gb": float(r["weights_gb"] + r["kv_cache_gb"]),
+                "mem_limit_gb": float(result.gpu.memory_gb),
+                "pred_ttft_ms": float(r[f"ttft_{p}_ms"]),
+                "pred_tpot_ms": float(r[f"tpot_{p}_ms"]),
+                **{
+                    f"pred_{m}_p{q}_ms": float(r[f"{m}_p{q}_ms"])
+                    for m in ("ttft", "tpot")
+                    for q in PERCENTILES
+                },
+                "rate": rate,
+                "max_tokens": int(r["max_num_batched_tokens"]),
+                "analytical_rank": i + 1,
+                "refused": "",
+            }
+        )
+    table = with_grid_order(pd.DataFrame(rows).drop_duplicates("key", ignore_index=True))
+    cands = ServeCandidates(
+        table,
+        model,
+        int(trace.input_len.max() + trace.output_len.max()),
+        0,
+        dict(overrides),
+        input_len=int(trace.input_len.max()),
+        output_len=int(trace.output_len.max()),
+    )
+    for i, key in enumerate(table["key"]):
+        try:
+            cands.config(key)
+        except UserError as exc:
+            table.loc[i, "refused"] = str(exc)
+    loads: dict[str, dict[str, float]] = {}
+    for _, row in table[table["refused"] == ""].iterrows():
+        loads.setdefault(
+            ServeLoad.key(int(row["tp"]), int(row["mbs"])),
+            {"rate": row["rate"], "max_tokens": row["max_tokens"]},
+        )
+    # The trials' load reaches their ranks through the environment the executors pass on.
+    os.environ[LOAD_ENV] = json.dumps(
+        {
+            "arrivals": trace.arrival.tolist(),
+            "inputs": trace.input_len.astype(int).tolist(),
+            "outputs": trace.output_len.astype(int).tolist(),
+            "layouts": loads,
+        }
+    )
+    return cands
+
+
 def run(
     result: ServingResult, model: str | ModelSpec, gpu: str, opts: MeasureOptions
 ) -> MeasuredSearch:
@@ -107,10 +194,15 @@ def run(
         "input_len": int(req.input_len),
         "output_len": int(req.output_len),
     }
-    trials, ranking, study = session.measure(
-        cands, opts, settings, device, fingerprint, "serving points"
-    )
-    return MeasuredSearch(_with_phases(trials, study), ranking)
+    if req.batching == "continuous":
+        fingerprint |= {"workload": req.workload.describe() if req.workload else ""}
+    try:
+        trials, ranking, study = session.measure(
+            cands, opts, settings, device, fingerprint, "serving points"
+        )
+    finally:
+        os.environ.pop(LOAD_ENV, None)
+    return MeasuredSearch(_with_percentiles(_with_phases(trials, study), cands.table), ranking)
 
 
 def _with_phases(trials: pd.DataFrame, study) -> pd.DataFrame:
@@ -120,4 +212,29 @@ def _with_phases(trials: pd.DataFrame, study) -> pd.DataFrame:
     by_number = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
     for col in ("measured_ttft_ms", "measured_tpot_ms", "pred_ttft_ms", "pred_tpot_ms"):
         trials[col] = trials["trial"].map(lambda n, c=col: by_number.get(n, {}).get(c))
+    return trials
+
+
+def _with_percentiles(trials: pd.DataFrame, candidates: pd.DataFrame) -> pd.DataFrame:
+    """Continuous-batching trials: measured TTFT / TPOT percentiles (rank 0's result) beside
+    the simulated ones."""
+    if trials.empty or "pred_ttft_p90_ms" not in candidates:
+        return trials
+    by_key = candidates.set_index("key")
+    for m in ("ttft", "tpot"):
+        for q in PERCENTILES:
+            column = f"pred_{m}_p{q}_ms"
+            trials[column] = trials["key"].map(by_key[column])
+            trials[f"measured_{m}_p{q}_ms"] = float("nan")
+    for i, row in trials.iterrows():
+        folder = row.get("run_dir") or ""
+        result = Path(folder) / "rank0.json" if folder else None
+        if result is None or not result.is_file():
+            continue
+        serve = json.loads(result.read_text()).get("serve")
+        if not serve:
+            continue
+        for m in ("ttft", "tpot"):
+            for q in PERCENTILES:
+                trials.loc[i, f"measured_{m}_p{q}_ms"] = serve[f"{m}_p{q}_ms"]
     return trials

@@ -23,6 +23,10 @@ from autoconfig.serve.result import ServingResult
 from autoconfig.serve.search import pareto_front
 
 ACCURACY = "inference_accuracy.json"  # written by scripts/validate_inference.py
+QUANTISATION_CAVEAT = (
+    "accuracy: fp8 / nvfp4 / int8 / int4 weights and fp8 K/V trade some model quality for "
+    "speed; check your task's quality on the quantised checkpoint before deploying it"
+)
 
 
 def accuracy_note() -> str:
@@ -30,17 +34,30 @@ def accuracy_note() -> str:
     if not asset.is_file():
         return "The serving model's accuracy has not been measured for this installation."
     acc = json.loads(asset.read_text())
-    return (
-        f"Known accuracy (docs/inference_validation.md, {acc['rows']} published A100 points): "
-        f"median absolute error of end-to-end latency {acc['latency_median_ape_pct']:.1f}%, "
-        f"{acc['latency_within_20_pct']:.0f}% within ±20%; no H100/H200 serving measurements "
-        "were available to check other GPUs."
+    note = (
+        f"Known accuracy (docs/inference_validation.md): static batches, {acc['rows']} published "
+        f"A100 points, median absolute error of end-to-end latency "
+        f"{acc['latency_median_ape_pct']:.1f}% ({acc['latency_within_20_pct']:.0f}% within "
+        "±20%)"
     )
+    if "inflight_rows" in acc:
+        note += (
+            f"; continuous batching at max load, {acc['inflight_rows']} TensorRT-LLM points "
+            "on H100, H200, B200, GB200 and RTX PRO 6000, median absolute error of output "
+            f"tokens/s {acc['inflight_median_ape_pct']:.1f}% "
+            f"({acc['inflight_within_20_pct']:.0f}% within ±20%; held-out "
+            f"{acc['inflight_heldout_median_ape_pct']:.1f}%). Percentile latencies under load "
+            "come from the scheduler simulation and have no published check."
+        )
+    return note + "."
 
 
-def row_cells(row: pd.Series) -> dict[str, str]:
-    """The cells every view of the serving ranking shows for one configuration."""
+def row_cells(row: pd.Series, percentile: float | None = None) -> dict[str, str]:
+    """The cells every view of the serving ranking shows for one configuration (continuous
+    batching when a percentile is given)."""
     rank = row["rank"]
+    if percentile is not None:
+        return continuous_cells(row, percentile)
     return {
         "#": "-" if pd.isna(rank) else str(rank),
         "tp": str(int(row["tp"])),
@@ -59,7 +76,57 @@ def row_cells(row: pd.Series) -> dict[str, str]:
     }
 
 
+def continuous_cells(row: pd.Series, percentile: float) -> dict[str, str]:
+    rank = row["rank"]
+    p = f"p{percentile:g}"
+
+    def ms(value: object) -> str:
+        return "-" if pd.isna(value) else ("never" if value == float("inf") else f"{value:,.0f}")
+
+    if row.get("mode") == "disaggregated":
+        prefill = f"tp{int(row['prefill_tp'])} pp{int(row['prefill_pp'])}"
+        layout = (
+            f"P {prefill} x{int(row['prefill_replicas'])}"
+            f" + D tp{int(row['tp'])} pp{int(row['pp'])} x{int(row['replicas'])}"
+        )
+    else:
+        ep = f" ep{int(row['ep'])}" if int(row.get("ep", 1)) > 1 else ""
+        layout = f"tp{int(row['tp'])} pp{int(row['pp'])}{ep} x{int(row['replicas'])}"
+    return {
+        "#": "-" if pd.isna(rank) else str(rank),
+        "deployment": layout,
+        "precision": f"{row['precision']}/{row['kv_precision']}",
+        "seqs": str(int(row["max_num_seqs"])),
+        "tokens": str(int(row["max_num_batched_tokens"])),
+        "goodput req/s": f"{row['goodput_rps']:,.2f}",
+        "req/s/GPU": f"{row['goodput_rps_per_gpu']:,.3f}",
+        "at req/s": "-" if pd.isna(row["rate_rps"]) else f"{row['rate_rps']:,.2f}",
+        f"TTFT {p}": ms(row.get(f"ttft_{p}_ms")),
+        f"TPOT {p}": "-" if pd.isna(row.get(f"tpot_{p}_ms")) else f"{row[f'tpot_{p}_ms']:,.1f}",
+        f"latency {p}": ms(row.get(f"latency_{p}_ms")),
+        "tok/s/GPU": "-"
+        if pd.isna(row["pred_output_tokens_per_s_per_gpu"])
+        else f"{row['pred_output_tokens_per_s_per_gpu']:,.0f}",
+        "KV GiB": f"{row['kv_cache_gb']:.1f}",
+    }
+
+
+def _percentile(result: ServingResult) -> float | None:
+    return result.request.percentile if result.request.batching == "continuous" else None
+
+
 def _title(a: dict) -> str:
+    if a.get("batching") == "continuous":
+        budget = ", ".join(f"{k} {v:g} ms" for k, v in a["budget"].items()) or "no limits"
+        rate = (
+            f"at {a['request_rate']:g} requests/s"
+            if a.get("request_rate")
+            else "most requests/s (goodput)"
+        )
+        return (
+            f"{a['model']} on {a['gpus']} x {a['gpu']}, continuous batching: {rate} within "
+            f"{budget} at p{a['percentile']:g}"
+        )
     budget = ", ".join(f"{k} {v:g}" for k, v in a["budget"].items()) or "no budget"
     return (
         f"{a['model']} serving on {a['gpus']} x {a['gpu']}: input {a['input_len']}, output "
@@ -72,6 +139,8 @@ def _shown(result: ServingResult, top: int) -> pd.DataFrame:
     out = result.table
     if result.feasible:
         return out[out["meets"]].head(top)
+    if _percentile(result) is not None:
+        return out[out["simulated"]].sort_values("miss", kind="stable").head(top)
     return out[out["pred_fits"].astype(bool)].sort_values("miss", kind="stable").head(top)
 
 
@@ -80,18 +149,33 @@ def terminal_view(result: ServingResult, top: int) -> Group:
     out = result.table
     table = Table(title=_title(a), title_justify="left")
     rows = _shown(result, top)
+    percentile = _percentile(result)
     for i, (_, row) in enumerate(rows.iterrows()):
-        cells = row_cells(row)
+        cells = row_cells(row, percentile)
         if i == 0:
             for col in cells:
                 table.add_column(col, justify="right")
         table.add_row(*cells.values())
-    fits = int(out["pred_fits"].astype(bool).sum())
-    lines = [
-        f"{a['candidates']:,} (tp, pp, batch) candidates: {fits:,} fit in memory, "
-        f"{a['feasible']:,} meet the budget; * = on their Pareto front of latency vs tokens/s/GPU",
-        f"serving constants: {a['constants']}",
-    ]
+    if percentile is not None:
+        fits = int(out["fits"].astype(bool).sum())
+        simulated = int(out["simulated"].astype(bool).sum())
+        lines = [
+            f"workload: {a['workload']} (change with --input-len/--output-len, "
+            "--workload or --requests)",
+            f"{a['candidates']:,} candidates: {fits:,} fit in memory, {simulated:,} simulated "
+            f"at a ladder of request rates, {a['feasible']:,} meet the limits",
+            f"serving constants: {a['constants']}",
+        ]
+        if any(str(p) in ("fp8", "nvfp4", "int8", "int4") for p in rows["precision"]):
+            lines.append(QUANTISATION_CAVEAT)
+    else:
+        fits = int(out["pred_fits"].astype(bool).sum())
+        lines = [
+            f"{a['candidates']:,} (tp, pp, batch) candidates: {fits:,} fit in memory, "
+            f"{a['feasible']:,} meet the budget; * = on their Pareto front of latency vs "
+            "tokens/s/GPU",
+            f"serving constants: {a['constants']}",
+        ]
     if not a["feasible"]:
         lines.insert(0, f"nothing meets the budget; closest: {a['closest']}")
     return Group(table, *lines)
@@ -162,6 +246,41 @@ def _pareto_figure(result: ServingResult) -> go.Figure:
     return fig
 
 
+def _goodput_figure(result: ServingResult) -> go.Figure:
+    """Simulated candidates: goodput per GPU against their percentile TTFT and TPOT at the
+    operating rate, the limits as dashed lines."""
+    a = result.context()
+    p = f"p{a['percentile']:g}"
+    sim = result.table[result.table["simulated"].astype(bool)]
+    panels = ((f"ttft_{p}_ms", "TTFT"), (f"tpot_{p}_ms", "TPOT"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"{name} {p} (ms)" for _, name in panels])
+    labels = sim["mode"] + " tp" + sim["tp"].astype(str) + " pp" + sim["pp"].astype(str)
+    labels += " " + sim["precision"].astype(str) + " seqs " + sim["max_num_seqs"].astype(str)
+    for i, (col, name) in enumerate(panels, start=1):
+        for meets, group in ((True, sim[sim["meets"]]), (False, sim[~sim["meets"]])):
+            fig.add_trace(
+                go.Scatter(
+                    x=group[col],
+                    y=group["goodput_rps_per_gpu"],
+                    mode="markers",
+                    name="meets the limits" if meets else "misses",
+                    legendgroup=str(meets),
+                    showlegend=i == 1,
+                    marker={"size": 7, "color": "#1f77b4" if meets else "#bbbbbb"},
+                    text=labels[group.index],
+                    hovertemplate="%{text}<br>%{x:,.1f} ms<br>%{y:,.3f} req/s/GPU<extra></extra>",
+                ),
+                row=1,
+                col=i,
+            )
+        if name in a["budget"]:
+            fig.add_vline(x=a["budget"][name], line_dash="dash", line_color="black", row=1, col=i)
+        fig.update_xaxes(type="log", title_text=f"{name} {p} ms", row=1, col=i)
+    fig.update_yaxes(title_text="goodput, requests/s per GPU", row=1, col=1)
+    fig.update_layout(title="Simulated deployments (dashed: the limits)", height=480)
+    return fig
+
+
 def _measured_section(trials: pd.DataFrame) -> str:
     """The measured trials: class, measured against predicted throughput, TTFT and TPOT."""
 
@@ -204,6 +323,9 @@ def _measured_section(trials: pd.DataFrame) -> str:
 def render(result: ServingResult, top: int = 15, trials: pd.DataFrame | None = None) -> str:
     a = result.context()
     out = result.table
+    percentile = _percentile(result)
+    if percentile is not None:
+        return _render_continuous(result, top, trials)
     inputs = {
         "model": a["model"],
         "GPUs": f"{a['gpus']} x {a['gpu']}",
@@ -232,6 +354,46 @@ def render(result: ServingResult, top: int = 15, trials: pd.DataFrame | None = N
     if trials is not None and len(trials):
         parts.append(_measured_section(trials))
     parts.append(pio.to_html(_pareto_figure(result), include_plotlyjs=True, full_html=False))
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig serving "
+        f"{html.escape(a['model'])}</title><style>{STYLE}</style></head><body>"
+        + "\n".join(parts)
+        + "</body></html>"
+    )
+
+
+def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | None) -> str:
+    a = result.context()
+    percentile = float(a["percentile"])
+    inputs = {
+        "model": a["model"],
+        "GPUs": f"{a['gpus']} x {a['gpu']}",
+        "workload": a["workload"],
+        "limits": ", ".join(f"{k} {v:g} ms" for k, v in a["budget"].items()) or "none",
+        "percentile": f"p{percentile:g}",
+        "request rate": f"{a['request_rate']:g}/s" if a["request_rate"] else "most (goodput)",
+        "candidates": f"{a['candidates']:,}",
+        "meet the limits": f"{a['feasible']:,}",
+        "serving constants": a["constants"],
+    }
+    rows = [list(row_cells(r, percentile).values()) for _, r in _shown(result, top).iterrows()]
+    head = list(row_cells(result.table.iloc[0], percentile).keys())
+    parts = [
+        f"<h1>autoconfig serving: {html.escape(a['model'])} on {a['gpus']} GPUs</h1>",
+        "<table id='inputs'>"
+        + "".join(f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in inputs.items())
+        + "</table>",
+        f"<p class='note'>{html.escape(accuracy_note())}</p>",
+        f"<p class='note'>{html.escape(QUANTISATION_CAVEAT)}</p>",
+    ]
+    if not a["feasible"]:
+        parts.append(
+            f"<p><b>Nothing meets the limits.</b> Closest: {html.escape(a['closest'])}</p>"
+        )
+    parts.append("<h2>Deployments</h2>" + _table("top", head, rows))
+    if trials is not None and len(trials):
+        parts.append(_measured_section(trials))
+    parts.append(pio.to_html(_goodput_figure(result), include_plotlyjs=True, full_html=False))
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig serving "
         f"{html.escape(a['model'])}</title><style>{STYLE}</style></head><body>"

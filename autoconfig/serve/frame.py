@@ -3,7 +3,12 @@ one ModelSpec, GPU and deployment per row, with the first error of each row. Arc
 columns are read exactly as for training runs (autoconfig.frame); the serving columns are
 batch_size, input_len, output_len, tp, pp, num_gpus (GPUs of the whole deployment; replicas =
 num_gpus / (tp*pp), or a `replicas` column), precision (vocab.ServePrecision: the weights;
-fp32 for CPU trials) and an optional kv_precision (auto = the weights' 16-bit type)."""
+fp32 for CPU trials) and an optional kv_precision (auto = the weights' 16-bit type).
+
+`batching` (vocab.Batching; blank = static, TensorRT-LLM's "inflight" = continuous) picks the
+model: a static row needs batch_size; a continuous row is predicted at maximum load, its
+running batch chosen by the K/V cache and the optional max_num_seqs, max_num_batched_tokens,
+kv_cache_fraction (of the memory left after weights), kv_block_tokens and ep columns."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from autoconfig import layout
-from autoconfig.columns import serving_inputs
+from autoconfig.columns import CONTINUOUS_DEFAULTS, serving_inputs
 from autoconfig.cost.inference import ServeInputs
 from autoconfig.errors import UserError
 from autoconfig.frame import (
@@ -27,11 +32,18 @@ from autoconfig.frame import (
     text_column,
 )
 from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
-from autoconfig.vocab import KvPrecision, ServePrecision
+from autoconfig.vocab import Batching, KvPrecision, ServePrecision
 
-REQUIRED = ("batch_size", "input_len", "output_len", "tp", "pp", "gpu")
+REQUIRED = ("input_len", "output_len", "tp", "pp", "gpu")
 ARCH_REQUIRED = ("layers", "hidden", "heads", "vocab")
 SERVING_INTS = ("batch_size", "input_len", "output_len", "replicas")
+# Continuous-batching engine settings: CSV column -> deployment column (columns.py).
+ENGINE_INTS = {
+    "max_num_seqs": "max_seqs",
+    "max_num_batched_tokens": "max_tokens",
+    "kv_block_tokens": "block_tokens",
+    "ep": "ep",
+}
 
 
 @dataclass
@@ -46,6 +58,10 @@ class ServingRows:
     def inputs(self) -> ServeInputs:
         return serving_inputs(self.models, self.gpus, self.deployments, self.flash)
 
+    @property
+    def continuous(self) -> np.ndarray:
+        return (self.resolved["batching"] == Batching.CONTINUOUS.value).to_numpy()
+
 
 def read_serving_rows(df: pd.DataFrame) -> ServingRows:
     for col in REQUIRED:
@@ -54,8 +70,24 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
     df = fill_from_catalog(df.reset_index(drop=True))
     err = Errors(df.index)
     serving = integers(
-        df, err, required=REQUIRED, positive=(*SERVING_INTS, "tp", "pp", "num_gpus")
+        df,
+        err,
+        required=REQUIRED,
+        positive=(*SERVING_INTS, "tp", "pp", "num_gpus", *ENGINE_INTS),
     ).drop(columns=["num_experts", "topk", "shared_experts", "recompute_layers"])
+    batching = text_column(df, "batching").replace({"": Batching.STATIC.value})
+    known = batching.str.lower().isin([*Batching.values(), "inflight", "in-flight"])
+    err.add(~known, f"batching: must be {Batching.allowed()} (or inflight)")
+    batching = batching.where(~known, batching.map(lambda b: Batching.parse(b, "batching").value))
+    continuous = batching == Batching.CONTINUOUS.value
+    err.add(
+        ~continuous & serving["batch_size"].isna(),
+        "batch_size: required for a static batch, must be a positive integer",
+    )
+    fraction = pd.to_numeric(text_column(df, "kv_cache_fraction").replace({"": None}))
+    fraction_text = text_column(df, "kv_cache_fraction")
+    bad_fraction = (fraction_text != "") & ~((fraction > 0) & (fraction <= 1))
+    err.add(bad_fraction, "kv_cache_fraction: must be a number in (0, 1]")
     tp, pp = serving["tp"].fillna(1), serving["pp"].fillna(1)
     per_replica = tp * pp
     replicas_given = serving["replicas"]
@@ -78,6 +110,7 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
         index=df.index,
     )
 
+    batch = serving["batch_size"].fillna(1)
     num = integers(df, err, required=ARCH_REQUIRED)
     models, arch = read_models(df, num, serving["input_len"], err)
     shape = {
@@ -86,11 +119,11 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
         "layers": num["layers"],
         "experts": num["num_experts"].fillna(0),
         "num_gpus": per_replica,
-        "gbs": serving["batch_size"],
+        "gbs": batch,
         "seq": serving["input_len"],
     }
     replica = {d.name: d.code(d.default) for d in layout.DIMENSIONS}
-    replica |= {"tp": tp, "pp": pp, "mbs": serving["batch_size"], "sp": 0.0, "zero": 0.0}
+    replica |= {"tp": tp, "pp": pp, "mbs": batch, "sp": 0.0, "zero": 0.0}
     for name, rule, bad in layout.rules({**replica, **shape}):
         err.add(bad, f"{name}: {rule}")
     context = num["max_seq_len"]
@@ -104,7 +137,7 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
         + context.astype("Int64").astype(str)
         + " tokens",
     )
-    precision_for_gpu = weights.where(weights.isin(("fp8",)), "bf16")
+    precision_for_gpu = weights.where(weights.isin(("fp8", "nvfp4")), "bf16")
     gpus = read_gpus(df, num, precision_for_gpu, err)
     flash = flag(df, "flash_attention", True, err).to_numpy()
 
@@ -113,12 +146,16 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
         {
             "tp": tp,
             "pp": pp,
-            "batch_size": serving["batch_size"],
+            "batch_size": batch,
             "input_len": serving["input_len"],
             "output_len": serving["output_len"],
             "replicas": replicas,
+            **{ours: serving[col] for col, ours in ENGINE_INTS.items()},
+            "kv_fraction": fraction.where(~bad_fraction),
         }
     )
+    for col, default in CONTINUOUS_DEFAULTS.items():
+        deployments[col] = deployments[col].fillna(default)
     deployments = deployments.where(~pd.DataFrame({c: bad for c in deployments}), 1.0).fillna(1.0)
     deployments["precision"] = np.where(bad, "fp16", weights)
     deployments["kv_precision"] = np.where(bad, "fp16", kv)
@@ -131,6 +168,7 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
             "num_gpus": num_gpus,
             "precision": precision,
             "kv_precision": kv,
+            "batching": batching,
             "mlp": arch["mlp"],
         },
         index=df.index,

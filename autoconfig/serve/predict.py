@@ -1,5 +1,6 @@
 """Serving predictions for a table of points (`autoconfig infer --runs`): input columns first,
-then the pred_* columns, breakdowns and `error`."""
+then the pred_* columns, breakdowns and `error`. Static rows get the static-batch model
+(cost/inference.py); continuous rows the max-load model (cost/max_load.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from autoconfig.cost.inference import INFERENCE_COLUMNS, evaluate_serving
+from autoconfig.cost.max_load import evaluate_max_load
 from autoconfig.frame import with_predictions
 from autoconfig.serve.frame import read_serving_rows
 
@@ -18,6 +20,18 @@ def predict_frame(points: pd.DataFrame) -> pd.DataFrame:
         return points.assign(**{c: pd.Series(dtype=float) for c in INFERENCE_COLUMNS}, error="")
     points = points.reset_index(drop=True)
     rows = read_serving_rows(points)
+    inputs = rows.inputs()
     with np.errstate(all="ignore"):
-        preds = evaluate_serving(rows.inputs())
-    return with_predictions(points, preds, rows.errors)
+        static = pd.DataFrame(evaluate_serving(inputs))
+        continuous = pd.DataFrame(evaluate_max_load(inputs))
+    chosen = rows.continuous
+    blank = np.full(len(points), np.nan, dtype=object)
+    merged: dict[str, np.ndarray] = {}
+    for col in dict.fromkeys([*static, *continuous]):
+        # A static-only figure means nothing for a continuous row (its batch is the
+        # runtime's), and a max-load figure nothing for a static row.
+        ours = continuous[col].to_numpy(object) if col in continuous else blank
+        theirs = static[col].to_numpy(object) if col in static else blank
+        merged[col] = np.where(chosen, ours, theirs)
+    frame = pd.DataFrame(merged).infer_objects()
+    return with_predictions(points, frame.to_dict("series"), rows.errors)

@@ -1,11 +1,14 @@
-"""A serving question: the model, GPUs and request lengths, the latency/throughput budget, the
-objective and which static batches to try."""
+"""A serving question: the model, GPUs and workload, the latency/throughput budget (SLOs at a
+percentile), the objective, and which engine settings to try (static batch sizes, or for
+continuous batching the running-batch and per-iteration token limits, precisions, expert
+parallelism, disaggregated prefill)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from autoconfig.errors import UserError
+from autoconfig.serve.workload import Workload
 from autoconfig.specs import ModelSpec
 
 DEFAULT_MAX_BATCH = 1024
@@ -42,6 +45,9 @@ class Budget:
 
 @dataclass(frozen=True)
 class Request:
+    """`input_len`/`output_len` are the static search's lengths and, for continuous batching,
+    the means of `workload` (filled in from it)."""
+
     model: str | ModelSpec
     gpu: str
     gpus: int
@@ -55,3 +61,14 @@ class Request:
     batches: tuple[int, ...] | None = None
     gpus_per_node: int | None = None
     allow_tp_across_nodes: bool = False
+    batching: str = "static"
+    workload: Workload | None = None
+    request_rate: float | None = None  # requests/s offered to the whole deployment
+    percentile: float = 90.0
+    precisions: tuple[str, ...] | None = None  # weights tried (None: the GPU's defaults)
+    kv_precisions: tuple[str, ...] | None = None
+    max_seqs: tuple[int, ...] | None = None  # running-batch limits tried
+    max_tokens: tuple[int, ...] | None = None  # per-iteration token budgets (chunk sizes)
+    kv_fraction: float = 0.9
+    disaggregation: bool = True
+    simulate_top: int = 16

@@ -20,6 +20,7 @@ class ServingResult:
     feasible: int  # candidates that fit and meet the budget
     constants: str  # provenance of the serving constants used
     closest: str = ""  # when none meets the budget: the nearest miss and by how much
+    workload: str = ""  # continuous batching: the workload simulated, in words
 
     @property
     def candidates(self) -> int:
@@ -41,6 +42,10 @@ class ServingResult:
             "gpus": r.gpus,
             "input_len": r.input_len,
             "output_len": r.output_len,
+            "batching": r.batching,
+            "workload": self.workload,
+            "request_rate": r.request_rate,
+            "percentile": r.percentile,
             "precision": str(r.precision),
             "kv_precision": str(r.kv_precision),
             "objective": r.objective,

@@ -39,7 +39,7 @@ def _check(req: Request, spec: ModelSpec) -> None:
         raise UserError(f"precision: {gpu.name} has no fp8 tensor cores (use int8 or bf16)")
 
 
-def _tp_degrees(spec: ModelSpec, limit: int, node: int, across: bool) -> list[int]:
+def tp_degrees(spec: ModelSpec, limit: int, node: int, across: bool) -> list[int]:
     """TP degrees the heads allow: dividing the query heads, and dividing the K/V heads or
     a multiple of them (K/V heads are then replicated)."""
     out = []
@@ -100,7 +100,7 @@ def predict(
 
 def _layouts(req: Request, spec: ModelSpec, node: int) -> list[tuple[int, int]]:
     out = []
-    for tp in _tp_degrees(spec, req.gpus, node, req.allow_tp_across_nodes):
+    for tp in tp_degrees(spec, req.gpus, node, req.allow_tp_across_nodes):
         if req.gpus % tp:
             continue
         for pp in range(1, min(req.gpus // tp, spec.layers) + 1):
@@ -113,7 +113,7 @@ def min_gpus(req: Request, spec: ModelSpec, node: int) -> tuple[int, str] | None
     """The fewest GPUs on which one sequence of this length fits, and the split that does it."""
     layouts = [
         (tp, pp)
-        for tp in _tp_degrees(spec, 4 * node, node, True)
+        for tp in tp_degrees(spec, 4 * node, node, True)
         for pp in range(1, spec.layers + 1)
     ]
     gpu = catalog.get_gpu(req.gpu)

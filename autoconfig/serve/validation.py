@@ -19,10 +19,22 @@ from autoconfig.validation import error_stats, in_fit_set, read_reference, requi
 SOURCE_FACTS = {
     "fastertransformer": {"flash_attention": "n"},
     "megatron-lm": {"flash_attention": "n"},
+    # TensorRT-LLM's perf-overview runs NVIDIA's ModelOpt FP8 / NVFP4 checkpoints, which
+    # quantise the K/V cache to fp8 (their hf_quant_config: kv_cache_quant_algo FP8); the
+    # runtime keeps 0.95 of the free memory for K/V (the table's notes) in blocks of 32 tokens
+    # (KvCacheConfig tokens_per_block), and its defaults cap the batch at max_batch_size 2048
+    # and max_num_tokens 8192 per iteration (TensorRT-LLM LlmArgs).
+    "tensorrt-llm": {
+        "kv_precision": "fp8",
+        "kv_cache_fraction": "0.95",
+        "kv_block_tokens": "32",
+        "max_num_seqs": "2048",
+        "max_num_batched_tokens": "8192",
+    },
 }
 # The model describes a serving engine with fused kernels; the calibration fits only rows of
 # one (Megatron-LM's reference server is reported, not fitted).
-FIT_FRAMEWORKS = ("fastertransformer",)
+FIT_FRAMEWORKS = ("fastertransformer", "tensorrt-llm")
 
 
 def load_inference_runs(path: Path | None = None) -> pd.DataFrame:
@@ -53,8 +65,9 @@ def predictions(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def accuracy_table(out: pd.DataFrame) -> pd.DataFrame:
-    """Latency and throughput errors per (source model, framework), held-out rows, and all."""
-    ok = out[out["error"] == ""]
+    """Static batches: latency and throughput errors per (source model, framework), held-out
+    rows, and all."""
+    ok = out[(out["error"] == "") & (out["batching"] != "inflight")]
     groups = [(f"{m} / {f}", g) for (m, f), g in ok.groupby(["model", "framework"], sort=True)]
     groups += [
         ("held-out (not fitted)", ok[~ok["fit_set"]]),
@@ -79,9 +92,41 @@ def accuracy_table(out: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def inflight_table(out: pd.DataFrame) -> pd.DataFrame:
+    """Continuous (in-flight) batching at max load: output tokens/s per GPU errors per GPU,
+    per model, held-out rows apart, and all."""
+    ok = out[(out["error"] == "") & (out["batching"] == "inflight")]
+    groups = [(f"{g} / {p}", rows) for (g, p), rows in ok.groupby(["gpu", "precision"])]
+    groups += [(f"{m}", rows) for m, rows in ok.groupby("model")]
+    groups += [(f"tp{t} pp{p}", rows) for (t, p), rows in ok.groupby(["tp", "pp"])]
+    groups += [
+        ("held-out (not fitted)", ok[~ok["fit_set"]]),
+        ("fitted third", ok[ok["fit_set"]]),
+        ("ALL", ok),
+    ]
+    table = []
+    for name, g in groups:
+        thr = error_stats(g["ape_output_tokens_per_s_per_gpu"])
+        bias = (
+            g["pred_output_tokens_per_s_per_gpu"].astype(float)
+            / g["meas_output_tokens_per_s_per_gpu"]
+        ).median()
+        table.append(
+            {
+                "group": name,
+                "rows": thr["rows"],
+                "median APE %": thr["median_ape_%"],
+                "within ±20% %": thr["within_20%"],
+                "MAPE %": thr["mape_%"],
+                "median predicted/measured": bias,
+            }
+        )
+    return pd.DataFrame(table)
+
+
 def phase_table(out: pd.DataFrame) -> pd.DataFrame:
     """TTFT and TPOT where they were published."""
-    ok = out[(out["error"] == "") & out["meas_ttft_ms"].notna()]
+    ok = out[(out["error"] == "") & out["meas_ttft_ms"].notna() & (out["batching"] != "inflight")]
     cols = ["model", "tp", "batch_size", "input_len", "output_len", "meas_ttft_ms"]
     cols += ["pred_ttft_ms", "meas_tpot_ms", "pred_tpot_ms"]
     return ok[cols].reset_index(drop=True)

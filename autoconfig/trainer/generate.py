@@ -1,5 +1,6 @@
 """One rank of a measured serving trial: the bundled model generates with a K/V cache, tensor
-parallel through DTensor (the trainer's own TP plan), and times prefill and every decode step.
+parallel through DTensor (the trainer's own TP plan), and times prefill and every decode step;
+or serves a request trace with continuous batching (trainer/serve_loop.py).
 
 Greedy decoding of a static batch: prefill runs the whole prompt and yields the first token
 (TTFT); each decode step feeds one token per sequence and reads the cache (TPOT). The first
@@ -22,6 +23,7 @@ from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.metrics import RankMemory
 from autoconfig.trainer.model import Attention, Block, Transformer, apply_rope
 from autoconfig.trainer.parallel import apply_tp
+from autoconfig.trainer.serve_loop import load_for, serve_rank
 
 
 class KVCache:
@@ -149,8 +151,26 @@ class Generator:
 
 
 def generate_rank(cfg: TrainConfig, rank: int, world: int, device: torch.device, fault) -> dict:
-    """Runs warmup + steps generations; returns this rank's result fields."""
+    """Runs warmup + steps generations of a static batch, or, when the trial comes with a
+    request trace (trainer/serve_loop.py), serves it with continuous batching; returns this
+    rank's result fields."""
     gen = Generator(cfg, rank, world, device)
+    load = load_for(cfg)
+    if load is not None:
+        if fault:
+            fault()
+        out = serve_rank(
+            gen.model,
+            load,
+            cfg,
+            world,
+            device,
+            gen.dtype,
+            gen.spec.vocab,
+            gen.spec.kv // cfg.tp,
+            gen.spec.dhead,
+        )
+        return {**out, "memory": gen.memory().model_dump()}
     ttfts, tpots, latencies = [], [], []
     for i in range(cfg.steps):
         if world > 1:

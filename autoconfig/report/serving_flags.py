@@ -1,0 +1,163 @@
+"""Launch commands for the winning serving deployment in vLLM, SGLang or TensorRT-LLM (`infer
+--emit`), with the settings the prediction assumed: tensor/pipeline/expert parallelism, the
+running-batch limit, the per-iteration token budget with chunked prefill, the memory share,
+weight quantisation, the K/V-cache format, prefix caching off, and replicas (or the
+disaggregated prefill and decode servers).
+
+Flag names: vLLM `vllm serve --help` (0.8+), SGLang `python -m sglang.launch_server --help`
+(0.4+), TensorRT-LLM `trtllm-serve --help` and its LLM API options (1.0).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from autoconfig.serve.result import ServingResult
+from autoconfig.vocab import Engine
+
+# How each engine takes a quantised model: an online flag, or a checkpoint quantised offline.
+_VLLM_QUANT = {
+    "fp8": "--quantization fp8",
+    "nvfp4": "--quantization modelopt_fp4  # an NVFP4 checkpoint (TensorRT Model Optimizer)",
+    "int8": "--quantization compressed-tensors  # a W8A16 checkpoint (llm-compressor)",
+    "int4": "--quantization awq_marlin  # an AWQ int4 checkpoint",
+}
+_SGLANG_QUANT = {
+    "fp8": "--quantization fp8",
+    "nvfp4": "--quantization modelopt_fp4  # an NVFP4 checkpoint",
+    "int8": "--quantization w8a8_int8  # or a W8A16 checkpoint",
+    "int4": "--quantization awq_marlin  # an AWQ int4 checkpoint",
+}
+_SGLANG_KV = {"fp8": "fp8_e4m3"}
+
+
+def memory_share(row: pd.Series, capacity_gb: float, kv_fraction: float) -> float:
+    """vLLM's gpu_memory_utilization / SGLang's mem_fraction_static for the same K/V cache:
+    the memory the engine may take, of the GPU's total."""
+    free = float(row["kv_cache_gb"]) / kv_fraction
+    return round(min(0.98, 1.0 - (1.0 - kv_fraction) * free / capacity_gb), 3)
+
+
+def launch_flags(result: ServingResult, engine: Engine) -> str:
+    """Shell lines that launch the best deployment on `engine`."""
+    row = result.best
+    if row is None:
+        return ""
+    req = result.request
+    model = f"MODEL_PATH  # {result.model.name}"
+    share = memory_share(row, result.gpu.memory_gb, req.kv_fraction)
+    header = (
+        f"# {engine.value}: {result.model.name} on {req.gpus} x {result.gpu.name}, as predicted"
+    )
+    if row.get("mode") == "disaggregated":
+        return "\n".join([header, *_disaggregated(row, engine, model, share)])
+    replicas = int(row["replicas"])
+    lines = [header, _command(engine, row, model, share, replicas)]
+    if replicas > 1 and engine is Engine.TRTLLM:
+        lines.append(
+            f"# run {replicas} such servers, one per {_gpus(row)} GPUs, behind a load balancer"
+        )
+    return "\n".join(lines)
+
+
+def _gpus(row: pd.Series) -> int:
+    return int(row["tp"]) * int(row["pp"])
+
+
+def _command(engine: Engine, row: pd.Series, model: str, share: float, replicas: int) -> str:
+    tp, pp, ep = int(row["tp"]), int(row["pp"]), int(row.get("ep", 1))
+    seqs, tokens = int(row["max_num_seqs"]), int(row["max_num_batched_tokens"])
+    weights, kv = str(row["precision"]), str(row["kv_precision"])
+    if engine is Engine.VLLM:
+        parts = [
+            "vllm serve",
+            f"--tensor-parallel-size {tp}",
+            f"--pipeline-parallel-size {pp}",
+            *(["--enable-expert-parallel"] if ep > 1 else []),
+            *([f"--data-parallel-size {replicas}"] if replicas > 1 else []),
+            f"--max-num-seqs {seqs}",
+            f"--max-num-batched-tokens {tokens}",
+            "--enable-chunked-prefill",
+            "--no-enable-prefix-caching",
+            "--block-size 16",
+            f"--gpu-memory-utilization {share}",
+            *(["--kv-cache-dtype fp8"] if kv == "fp8" else []),
+        ]
+        quant = _VLLM_QUANT.get(weights)
+    elif engine is Engine.SGLANG:
+        parts = [
+            "python -m sglang.launch_server",
+            f"--tp-size {tp}",
+            *([f"--pp-size {pp}"] if pp > 1 else []),
+            *([f"--ep-size {ep}"] if ep > 1 else []),
+            *([f"--dp-size {replicas}"] if replicas > 1 else []),
+            f"--max-running-requests {seqs}",
+            f"--chunked-prefill-size {tokens}",
+            f"--max-prefill-tokens {tokens}",
+            f"--mem-fraction-static {share}",
+            "--disable-radix-cache",
+            *([f"--kv-cache-dtype {_SGLANG_KV[kv]}"] if kv in _SGLANG_KV else []),
+        ]
+        quant = _SGLANG_QUANT.get(weights)
+    else:
+        parts = [
+            "trtllm-serve",
+            "--backend pytorch",
+            f"--tp_size {tp}",
+            f"--pp_size {pp}",
+            *([f"--ep_size {ep}"] if ep > 1 else []),
+            f"--max_batch_size {seqs}",
+            f"--max_num_tokens {tokens}",
+            f"--kv_cache_free_gpu_memory_fraction {row.get('kv_fraction', 0.9)}",
+            "--extra_llm_api_options extra.yaml",
+        ]
+        quant = None
+    head = f"{parts[0]} MODEL_PATH"
+    body = " \\\n    ".join([head, *parts[1:]])
+    lines = [f"# MODEL_PATH: {model.split('# ')[-1]} checkpoint"]
+    if quant:
+        flag, _, note = quant.partition("  # ")
+        body += f" \\\n    {flag}"
+        if note:
+            lines.append(f"# weights: {note}")
+    if engine is Engine.TRTLLM:
+        lines.append(
+            "# extra.yaml: enable_chunked_prefill: true; kv_cache_config: {enable_block_reuse: "
+            f"false{', dtype: fp8' if kv == 'fp8' else ''}}}"
+        )
+        if weights in ("fp8", "nvfp4"):
+            lines.append(
+                f"# weights: a ModelOpt {weights.upper()} checkpoint (TensorRT Model Optimizer)"
+            )
+    return "\n".join([*lines, body])
+
+
+def _disaggregated(row: pd.Series, engine: Engine, model: str, share: float) -> list[str]:
+    """The prefill and decode servers of a disaggregated deployment."""
+    prefill = row.copy()
+    prefill["tp"], prefill["pp"] = row["prefill_tp"], row["prefill_pp"]
+    prefill["precision"] = row["prefill_precision"]
+    prefill["max_num_batched_tokens"] = row["prefill_max_num_batched_tokens"]
+    roles = (
+        ("prefill", prefill, int(row["prefill_replicas"])),
+        ("decode", row, int(row["replicas"])),
+    )
+    lines = []
+    for role, r, count in roles:
+        command = _command(engine, r, model, share, 1)
+        if engine is Engine.VLLM:
+            command += (
+                " \\\n    --kv-transfer-config "
+                """'{"kv_connector":"NixlConnector","kv_role":"kv_both"}'"""
+            )
+        elif engine is Engine.SGLANG:
+            command += f" \\\n    --disaggregation-mode {role}"
+        lines.append(f"# {role}: {count} server(s) of {_gpus(r)} GPUs each")
+        lines.append(command)
+    if engine is Engine.TRTLLM:
+        lines.append(
+            "# then: trtllm-serve disaggregated -c disagg.yaml (context and generation servers)"
+        )
+    else:
+        lines.append("# and a router that sends each request to a prefill, then a decode server")
+    return lines

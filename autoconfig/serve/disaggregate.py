@@ -1,0 +1,200 @@
+"""Disaggregated prefill as a serving candidate: a pool of prefill instances hands each request's
+K/V cache over the link to a pool of decode instances, so long prompts never stall decodes and
+each pool takes its own layout and size (Zhong et al. 2024, "DistServe"; Patel et al. 2024,
+"Splitwise").
+
+Each simulated colocated layout is simulated again in the two roles: as a prefill instance
+(requests leave after their first token; its TTFT limit is the SLO less the K/V transfer) and as
+a decode instance (requests arrive with their prompt cached; the TPOT limit). A deployment of x
+prefill and y decode instances on the GPUs then serves min(x * prefill goodput, y * decode
+goodput). The transfer moves each rank's K/V shard of the prompt over NVLink when both pools sit
+in one NVLink domain, else over the GPUs' network links in parallel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from autoconfig.serve.goodput import (
+    LADDER,
+    Deployments,
+    Slo,
+    best_rates,
+    run_rates,
+)
+from autoconfig.serve.request import Request
+from autoconfig.serve.workload import Workload
+from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.vocab import GIB
+
+POOL_CANDIDATES = 6  # layouts tried in each role
+
+
+def disaggregated(
+    req: Request,
+    spec: ModelSpec,
+    hardware: tuple[GPUSpec, ClusterSpec],
+    workload: Workload,
+    slo: Slo,
+    deps: Deployments,
+    colocated: pd.DataFrame,
+    frames: pd.DataFrame,
+) -> pd.DataFrame:
+    """Disaggregated candidates (one row per prefill/decode pairing), or an empty frame."""
+    sim = colocated[colocated["simulated"]]
+    if sim.empty:
+        return pd.DataFrame()
+    pool = (
+        sim.sort_values("goodput_rps_per_gpu", ascending=False)
+        .drop_duplicates(["tp", "pp", "ep", "precision", "kv_precision"])
+        .head(POOL_CANDIDATES)
+    )
+    chosen = pool.index.to_numpy(dtype=int)
+    table = deps.table
+    cluster = hardware[1]
+    prompt = float(np.percentile(workload.trace().input_len, slo.percentile))
+    token_bytes = (table["kv_cache_gb"] * GIB / table["kv_cache_tokens"].clip(lower=1)).to_numpy()
+    # Each rank sends its shard; inside one NVLink domain over NVLink, else over its NIC.
+    gpus = (table["tp"] * table["pp"]).to_numpy(float)
+    link = (
+        np.where(2 * gpus <= cluster.domain, cluster.intra_node_gb_s, cluster.inter_node_gb_s) * 1e9
+    )
+    transfer = prompt * token_bytes / link
+    max_rate = (table["max_load_requests_per_s"] / table["replicas"]).to_numpy()
+
+    n = len(chosen)
+    ttft_left = np.maximum(slo.ttft_s - transfer[chosen], 1e-6)
+    ladder = np.array(LADDER) * 2.0  # a prefill-only or decode-only instance takes more
+    cand = np.repeat(chosen, len(ladder))
+    rates = np.repeat(max_rate[chosen], len(ladder)) * np.tile(ladder, n)
+    ones, zeros = np.ones(len(cand)), np.zeros(len(cand))
+    # Both roles in one simulation: the prefill rows first, then the decode rows.
+    both = np.concatenate([cand, cand])
+    m = len(cand)
+    role = {
+        "prefill_only": np.concatenate([ones, zeros]),
+        "prompt_cached": np.concatenate([zeros, ones]),
+        "ttft_s": np.concatenate([np.repeat(ttft_left, len(ladder)), np.full(m, np.inf)]),
+        "tpot_s": np.concatenate([np.full(m, np.inf), np.full(m, slo.tpot_s)]),
+    }
+    loose = Slo(np.inf, np.inf, np.inf, slo.percentile)
+    frame = run_rates(deps, both, np.concatenate([rates, rates]), workload, loose, role).at(loose)
+    pre, dec = frame.iloc[:m].copy(), frame.iloc[m:].copy()
+    p = f"p{slo.percentile:g}"
+    pre_limit = pd.Series(ttft_left, index=chosen)
+    pre["meets"] &= pre[f"ttft_{p}_ms"] <= 1e3 * pre["candidate"].map(pre_limit)
+    dec["meets"] &= dec[f"tpot_{p}_ms"] <= 1e3 * slo.tpot_s
+    pre_best, dec_best = best_rates(pre)["met"].dropna(), best_rates(dec)["met"].dropna()
+
+    rows = []
+    for i, g_p in pre_best.items():
+        for j, g_d in dec_best.items():
+            plan = _split(req.gpus, gpus[i], gpus[j], g_p, g_d)
+            if plan is None:
+                continue
+            x, y, goodput = plan
+            at_p = pre[(pre["candidate"] == i) & np.isclose(pre["rate"], g_p)].iloc[0]
+            at_d = dec[(dec["candidate"] == j) & np.isclose(dec["rate"], g_d)].iloc[0]
+            rows.append(
+                _row(table, i, j, x, y, goodput, at_p, at_d, transfer[i], slo, req, workload)
+            )
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows)
+    return out.sort_values("goodput_rps_per_gpu", ascending=False).head(POOL_CANDIDATES)
+
+
+def _split(
+    total: int, prefill_gpus: float, decode_gpus: float, g_p: float, g_d: float
+) -> tuple[int, int, float] | None:
+    """Instance counts x, y on at most `total` GPUs that maximise min(x g_p, y g_d)."""
+    best = None
+    for x in range(1, int(total // prefill_gpus) + 1):
+        y = int((total - x * prefill_gpus) // decode_gpus)
+        if y < 1:
+            break
+        goodput = min(x * g_p, y * g_d)
+        if best is None or goodput > best[2]:
+            best = (x, y, goodput)
+    return best
+
+
+def _row(
+    table: pd.DataFrame,
+    i: int,
+    j: int,
+    x: int,
+    y: int,
+    goodput: float,
+    at_p: pd.Series,
+    at_d: pd.Series,
+    transfer_s: float,
+    slo: Slo,
+    req: Request,
+    workload: Workload,
+) -> dict:
+    p = f"p{slo.percentile:g}"
+    pre, dec = table.loc[i], table.loc[j]
+    rate = goodput if req.request_rate is None else req.request_rate
+    out_len = workload.output.mean
+    ttft = {q: at_p[f"ttft_p{q}_ms"] + 1e3 * transfer_s for q in ("50", "90", "99")}
+    tpot = {q: at_d[f"tpot_p{q}_ms"] for q in ("50", "90", "99")}
+    row = {
+        "mode": "disaggregated",
+        "tp": int(dec["tp"]),
+        "pp": int(dec["pp"]),
+        "ep": int(dec["ep"]),
+        "replicas": y,
+        "precision": dec["precision"],
+        "kv_precision": dec["kv_precision"],
+        "max_num_seqs": int(dec["max_num_seqs"]),
+        "max_num_batched_tokens": int(dec["max_num_batched_tokens"]),
+        "prefill_tp": int(pre["tp"]),
+        "prefill_pp": int(pre["pp"]),
+        "prefill_replicas": x,
+        "prefill_precision": pre["precision"],
+        "prefill_max_num_batched_tokens": int(pre["max_num_batched_tokens"]),
+        "kv_transfer_ms": 1e3 * transfer_s,
+        "simulated": True,
+        "goodput_rps": goodput,
+        "goodput_rps_per_gpu": goodput / req.gpus,
+        "rate_rps": rate,
+        "kv_cache_gb": dec["kv_cache_gb"],
+        "kv_cache_tokens": dec["kv_cache_tokens"],
+        "weights_gb": max(pre["weights_gb"], dec["weights_gb"]),
+        "fits": True,
+    }
+    for q in ("50", "90", "99"):
+        row[f"ttft_p{q}_ms"] = ttft[q]
+        row[f"tpot_p{q}_ms"] = tpot[q]
+        row[f"latency_p{q}_ms"] = ttft[q] + tpot[q] * max(out_len - 1.0, 0.0)
+    key = f"{slo.percentile:g}"
+    if key not in ("50", "90", "99"):
+        row[f"ttft_{p}_ms"] = at_p[f"ttft_{p}_ms"] + 1e3 * transfer_s
+        row[f"tpot_{p}_ms"] = at_d[f"tpot_{p}_ms"]
+        row[f"latency_{p}_ms"] = row[f"ttft_{p}_ms"] + row[f"tpot_{p}_ms"] * max(out_len - 1.0, 0)
+    row["pred_ttft_ms"] = row[f"ttft_{p}_ms"]
+    row["pred_tpot_ms"] = row[f"tpot_{p}_ms"]
+    row["pred_latency_ms"] = row[f"latency_{p}_ms"]
+    row["pred_output_tokens_per_s"] = rate * out_len
+    row["pred_output_tokens_per_s_per_gpu"] = rate * out_len / req.gpus
+    latency_ok = row["pred_latency_ms"] <= 1e3 * slo.latency_s
+    rate_ok = req.request_rate is None or goodput >= req.request_rate
+    row["meets"] = bool(latency_ok and rate_ok and goodput > 0)
+    row["pruned"] = (
+        ""
+        if row["meets"]
+        else (f"at most {goodput:,.2f} requests/s within the SLOs" if not rate_ok else "latency")
+    )
+    row["miss"] = 0.0 if row["meets"] else 1.0
+    row["label"] = f"prefill {_pool(pre)} x{x} + decode {_pool(dec)} x{y}"
+    return row
+
+
+def _pool(row: pd.Series) -> str:
+    ep = f" ep{int(row['ep'])}" if int(row["ep"]) > 1 else ""
+    return (
+        f"tp{int(row['tp'])} pp{int(row['pp'])}{ep} {row['precision']}/{row['kv_precision']} "
+        f"seqs {int(row['max_num_seqs'])} tokens {int(row['max_num_batched_tokens'])}"
+    )

@@ -1,0 +1,632 @@
+"""The continuous-batching search: every replica layout (tp, pp, ep), weight and K/V precision,
+running-batch limit (max-num-seqs) and per-iteration token budget (max-num-batched-tokens, the
+chunked-prefill size) on the GPUs, ranked by goodput: the highest request rate the deployment
+serves with TTFT and TPOT (and latency) within their limits at the requested percentile
+(Zhong et al. 2024, "DistServe", Sec. 2: goodput under SLO attainment).
+
+Three passes keep thousands of candidates within seconds:
+1. memory and a steady-state screen (cost/kv_cache.py, cost/max_load.py) for all: what fits,
+   the most requests/s a replica can take, and whether one request alone already misses;
+2. the scheduler simulation (cost/serving_sim.py) of the most promising candidates at a ladder
+   of request rates up to that maximum, refined between the last rate that met and the first
+   that missed;
+3. disaggregated prefill (serve/disaggregate.py) built from the simulated layouts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from autoconfig import catalog
+from autoconfig.columns import serving_inputs
+from autoconfig.cost.kv_cache import kv_capacity
+from autoconfig.cost.max_load import max_load
+from autoconfig.cost.serving_sim import Limits, Simulated, Stop, simulate
+from autoconfig.cost.serving_step import StepModel, step_model, take
+from autoconfig.errors import UserError
+from autoconfig.serve.request import Request
+from autoconfig.serve.result import ServingResult
+from autoconfig.serve.search import min_gpus, tp_degrees
+from autoconfig.serve.workload import Lengths, Workload, chat
+from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.vocab import GIB, KvPrecision, ServePrecision
+
+MAX_SEQS = (16, 32, 64, 128, 256, 512)
+MAX_TOKENS = (2048, 8192)
+BLOCK_TOKENS = 16.0
+# Rates tried, as fractions of a replica's steady-state maximum.
+LADDER = (0.2, 0.4, 0.6, 0.8, 0.9)
+WARMUP_SHARE = 0.1  # requests left out of the percentiles: the system is still filling
+
+
+@dataclass(frozen=True)
+class Deployments:
+    """The replica candidates and their figures (one row each)."""
+
+    table: pd.DataFrame
+    step: StepModel
+    kv_tokens: np.ndarray
+
+
+def weight_choices(req: Request, gpu: GPUSpec) -> list[str]:
+    """Weights tried: those asked for, else 16-bit plus fp8 and nvfp4 where the GPU has
+    them (int8 / int4 weight-only on request)."""
+    if req.precisions:
+        chosen = [ServePrecision.parse(p, "precision").value for p in req.precisions]
+        for p in chosen:
+            if p in ("fp8", "nvfp4") and not gpu.supports(p):
+                raise UserError(f"precision: {gpu.name} has no {p} tensor cores (use int8/int4)")
+        return list(dict.fromkeys(chosen))
+    if gpu.chip == "cpu":
+        return [ServePrecision.FP32.value]
+    return ["bf16", *(p for p in ("fp8", "nvfp4") if gpu.supports(p))]
+
+
+def kv_choices(req: Request, gpu: GPUSpec) -> list[str]:
+    """K/V formats tried: those asked for, else the weights' 16-bit type and fp8 where the GPU
+    has fp8 tensor cores (fp8 attention)."""
+    if req.kv_precisions:
+        return list(
+            dict.fromkeys(KvPrecision.parse(k, "kv-precision").value for k in req.kv_precisions)
+        )
+    if gpu.chip == "cpu":
+        return [KvPrecision.AUTO.value]
+    return [KvPrecision.AUTO.value, *(["fp8"] if gpu.supports("fp8") else [])]
+
+
+def layouts(req: Request, spec: ModelSpec, node: int) -> list[tuple[int, int, int]]:
+    """(tp, pp, ep) of replicas that use all the GPUs: tp within a node unless allowed
+    across, tp suited to the heads; ep = tp for MoE models as a second choice."""
+    out = []
+    for tp in tp_degrees(spec, req.gpus, node, req.allow_tp_across_nodes):
+        if req.gpus % tp:
+            continue
+        for pp in range(1, min(req.gpus // tp, spec.layers) + 1):
+            if (req.gpus // tp) % pp:
+                continue
+            out.append((tp, pp, 1))
+            if spec.is_moe and tp > 1:
+                out.append((tp, pp, tp))
+    return out
+
+
+def candidates(
+    req: Request,
+    spec: ModelSpec,
+    hardware: tuple[GPUSpec, ClusterSpec],
+    workload: Workload,
+    splits: list[tuple[int, int, int]],
+) -> Deployments:
+    gpu = hardware[0]
+    grid = pd.MultiIndex.from_product(
+        [
+            range(len(splits)),
+            weight_choices(req, gpu),
+            kv_choices(req, gpu),
+            req.max_seqs or MAX_SEQS,
+            req.max_tokens or MAX_TOKENS,
+        ],
+        names=["split", "precision", "kv", "max_seqs", "max_tokens"],
+    ).to_frame(index=False)
+    split = np.array(splits)[grid["split"].to_numpy()]
+    weights = grid["precision"].map(ServePrecision)
+    kv = [KvPrecision(k).resolve(w).value for k, w in zip(grid["kv"], weights, strict=True)]
+    table = pd.DataFrame(
+        {
+            "tp": split[:, 0],
+            "pp": split[:, 1],
+            "ep": split[:, 2],
+            "replicas": req.gpus // (split[:, 0] * split[:, 1]),
+            "precision": grid["precision"].astype(str),
+            "kv_precision": kv,
+            "max_num_seqs": grid["max_seqs"].astype(int),
+            "max_num_batched_tokens": grid["max_tokens"].astype(int),
+        }
+    ).drop_duplicates(ignore_index=True)
+    table = table[table["max_num_batched_tokens"] >= table["max_num_seqs"]].reset_index(drop=True)
+    table["kv_fraction"] = req.kv_fraction
+    inputs = serving_inputs(spec, hardware, _deployment_frame(table, workload, req.kv_fraction))
+    with np.errstate(all="ignore"):
+        cap = kv_capacity(inputs)
+        step = step_model(inputs)
+        load = max_load(inputs, step, cap)
+    gpus = table["tp"] * table["pp"]
+    table["kv_cache_gb"] = cap.cache / GIB
+    table["kv_cache_tokens"] = cap.tokens
+    table["weights_gb"] = cap.weights / GIB
+    table["max_load_requests_per_s"] = load.requests_per_s * table["replicas"]
+    table["max_load_tokens_per_s_per_gpu"] = load.output_tokens_per_s / gpus
+    table["max_load_running"] = load.running
+    table["max_load_tpot_ms"] = 1e3 * load.tpot_s
+    # One request alone: the best first-token and per-token times this replica can give.
+    prompt, out = workload.input.mean, workload.output.mean
+    chunk = np.minimum(prompt, table["max_num_batched_tokens"].to_numpy(float))
+    chunks = np.ceil(prompt / chunk)
+    pp = table["pp"].to_numpy(float)
+    prefill = step.stage(chunk / 1.0, chunk * (prompt + 1) / 2.0, chunk, 0.0, 1.0) + step.hop(chunk)
+    decode = step.stage(1.0, 0.0, 0.0, prompt + out / 2.0, 1.0) + step.hop(1.0)
+    table["alone_ttft_ms"] = 1e3 * chunks * pp * prefill
+    table["alone_tpot_ms"] = 1e3 * pp * decode
+    largest = workload.input.largest + workload.output.largest
+    table["fits"] = cap.tokens >= np.ceil(largest / BLOCK_TOKENS) * BLOCK_TOKENS
+    return Deployments(table, step, cap.tokens)
+
+
+def _deployment_frame(table: pd.DataFrame, workload: Workload, kv_fraction: float) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "tp": table["tp"].astype(float),
+            "pp": table["pp"].astype(float),
+            "batch_size": 1.0,
+            "input_len": workload.input.mean,
+            "output_len": workload.output.mean,
+            "replicas": table["replicas"].astype(float),
+            "precision": table["precision"],
+            "kv_precision": table["kv_precision"],
+            "ep": table["ep"].astype(float),
+            "max_seqs": table["max_num_seqs"].astype(float),
+            "max_tokens": table["max_num_batched_tokens"].astype(float),
+            "kv_fraction": kv_fraction,
+            "block_tokens": BLOCK_TOKENS,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Limits in seconds (inf where not set) at a percentile."""
+
+    ttft_s: float
+    tpot_s: float
+    latency_s: float
+    percentile: float
+
+    @classmethod
+    def of(cls, req: Request) -> Slo:
+        b = req.budget
+
+        def s(v: float | None) -> float:
+            return np.inf if v is None else v / 1e3
+
+        return cls(s(b.max_ttft_ms), s(b.max_tpot_ms), s(b.max_latency_ms), req.percentile)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Simulated rows: which candidate, at which rate per replica, what came out."""
+
+    candidate: np.ndarray
+    rate: np.ndarray  # requests/s per replica
+    sim: Simulated
+    skip: int
+
+    def at(self, slo: Slo) -> pd.DataFrame:
+        p = slo.percentile
+        s, k = self.sim, self.skip
+
+        def pct(values: np.ndarray, q: float) -> np.ndarray:
+            kept = values[:, k:]
+            # A row whose requests all produced one token has no TPOT: nan, said once here.
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return np.nanpercentile(kept, q, axis=1)
+
+        ttft = np.where(np.isnan(s.ttft), np.inf, s.ttft)
+        latency = np.where(np.isnan(s.latency), np.inf, s.latency)
+        frame = pd.DataFrame({"candidate": self.candidate, "rate": self.rate})
+        for name, values in (("ttft", ttft), ("tpot", s.tpot), ("latency", latency)):
+            for q in sorted({50.0, 90.0, 99.0, p}):
+                frame[f"{name}_p{q:g}_ms"] = 1e3 * pct(values, q)
+        frame["finished"] = s.finished
+        frame["gave_up"] = s.gave_up
+        tokens = np.nansum(np.where(np.isfinite(s.latency), 1.0, 0.0), axis=1)
+        frame["completed"] = tokens
+        frame["meets"] = (
+            ~s.gave_up
+            & (s.finished >= 1.0)
+            & (frame[f"ttft_p{p:g}_ms"] <= 1e3 * slo.ttft_s)
+            & (frame[f"tpot_p{p:g}_ms"].fillna(0.0) <= 1e3 * slo.tpot_s)
+            & (frame[f"latency_p{p:g}_ms"] <= 1e3 * slo.latency_s)
+        )
+        return frame
+
+
+def run_rates(
+    deployments: Deployments,
+    chosen: np.ndarray,
+    rates: np.ndarray,
+    workload: Workload,
+    slo: Slo,
+    role: dict[str, np.ndarray] | None = None,
+) -> Runs:
+    """Simulate candidate `chosen[i]` at `rates[i]` requests/s per replica."""
+    table = deployments.table
+    trace = workload.trace()
+    skip = int(WARMUP_SHARE * trace.requests)
+    counted = trace.requests - skip
+    n = len(chosen)
+    role = role or {}
+    zeros = np.zeros(n)
+    limits = Limits(
+        rate=rates,
+        max_seqs=table["max_num_seqs"].to_numpy(float)[chosen],
+        max_tokens=table["max_num_batched_tokens"].to_numpy(float)[chosen],
+        kv_tokens=np.asarray(deployments.kv_tokens, float)[chosen],
+        block_tokens=np.full(n, BLOCK_TOKENS),
+        static=zeros,
+        prefill_only=role.get("prefill_only", zeros),
+        prompt_cached=role.get("prompt_cached", zeros),
+    )
+    allowed = int(np.floor((1.0 - slo.percentile / 100.0) * counted))
+    stop = Stop(
+        ttft_s=role.get("ttft_s", np.full(n, slo.ttft_s)),
+        tpot_s=role.get("tpot_s", np.full(n, slo.tpot_s)),
+        allowed=allowed,
+        skip=skip,
+    )
+    sim = simulate(take(deployments.step, chosen), trace, limits, stop)
+    return Runs(chosen, rates, sim, skip)
+
+
+def best_rates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per candidate: the highest rate that met, and the lowest above it that missed."""
+    met = frame[frame["meets"]].groupby("candidate")["rate"].max()
+    out = pd.DataFrame({"met": met})
+    missed = frame.merge(out, left_on="candidate", right_index=True, how="left")
+    above = missed[~missed["meets"] & (missed["rate"] > missed["met"].fillna(0.0))]
+    out = out.join(above.groupby("candidate")["rate"].min().rename("missed"), how="outer")
+    return out
+
+
+def default_workload(req: Request) -> Workload:
+    return req.workload or chat()
+
+
+def gpu_and_cluster(req: Request) -> tuple[GPUSpec, ClusterSpec]:
+    gpu = catalog.get_gpu(req.gpu)
+    return gpu, catalog.cluster_for(gpu, req.gpus_per_node)
+
+
+def _lengths_workload(req: Request) -> Workload:
+    """The workload asked for: a file, fixed lengths, or the typical chat default."""
+    if req.workload is not None:
+        return req.workload
+    if req.input_len and req.output_len:
+        return Workload(
+            Lengths(req.input_len, req.input_len),
+            Lengths(req.output_len, req.output_len),
+            source="fixed lengths",
+        )
+    return chat()
+
+
+def _check(req: Request, spec: ModelSpec, workload: Workload) -> None:
+    if req.gpus < 1:
+        raise UserError(f"gpus: must be a positive integer (got {req.gpus})")
+    req.budget.check()
+    if not 0 < req.percentile < 100:
+        raise UserError(f"percentile: must be between 0 and 100 (got {req.percentile:g})")
+    if req.request_rate is not None and not req.request_rate > 0:
+        raise UserError(f"request-rate: must be a positive number (got {req.request_rate:g})")
+    if not 0 < req.kv_fraction <= 1:
+        raise UserError(f"kv-cache-fraction: must be in (0, 1] (got {req.kv_fraction:g})")
+    for name, values in (
+        ("max-num-seqs", req.max_seqs),
+        ("max-num-batched-tokens", req.max_tokens),
+    ):
+        if values is not None and any(v < 1 for v in values):
+            raise UserError(f"{name}: must be positive integers")
+    context = spec.max_seq_len or spec.seq_len
+    longest = workload.input.largest + workload.output.largest
+    if longest > context:
+        raise UserError(
+            f"input-len: the longest request, {longest} tokens, exceeds {spec.name}'s context "
+            f"of {context} tokens"
+        )
+
+
+def search(req: Request) -> ServingResult:
+    """Every continuous-batching candidate with its analytic figures; the most promising
+    simulated at a ladder of rates; ranked by goodput per GPU (or, with a request rate, those
+    that meet the SLOs at it first)."""
+    # disaggregate.py builds on this module's simulation helpers, so it is imported here.
+    from autoconfig.serve.disaggregate import disaggregated
+
+    spec = catalog.get_model(req.model) if isinstance(req.model, str) else req.model
+    workload = _lengths_workload(req)
+    _check(req, spec, workload)
+    hardware = gpu_and_cluster(req)
+    gpu = hardware[0]
+    splits = layouts(req, spec, hardware[1].domain)
+    if not splits:
+        raise UserError(
+            f"gpus: no tp*pp split of {req.gpus} GPUs suits {spec.name} "
+            f"({spec.heads} heads, {spec.kv} K/V heads, {spec.layers} layers)"
+        )
+    deps = candidates(req, spec, hardware, workload, splits)
+    table = deps.table
+    slo = Slo.of(req)
+    fits = table["fits"].to_numpy()
+    if not fits.any():
+        raise UserError(_no_fit(req, spec, workload, table))
+    pruned = pd.Series("", index=table.index, dtype=object)
+    largest = workload.input.largest + workload.output.largest
+    pruned[~fits] = (
+        "memory: K/V cache of "
+        + table["kv_cache_tokens"].map("{:,.0f}".format).astype(object)
+        + f" tokens holds no {largest}-token request"
+    )
+    for col, limit, label in (
+        ("alone_ttft_ms", slo.ttft_s, "TTFT"),
+        ("alone_tpot_ms", slo.tpot_s, "TPOT"),
+    ):
+        over = (pruned == "") & (table[col] > 1e3 * limit)
+        pruned[over] = (
+            f"{label} "
+            + table.loc[over, col].map("{:,.1f}".format).astype(object)
+            + f" ms for one request alone > {1e3 * limit:,.0f} ms"
+        )
+    per_replica_max = table["max_load_requests_per_s"] / table["replicas"]
+    if req.request_rate is not None:
+        short = (pruned == "") & (table["max_load_requests_per_s"] < req.request_rate)
+        pruned[short] = (
+            "capacity: at most "
+            + table.loc[short, "max_load_requests_per_s"].map("{:,.2f}".format).astype(object)
+            + f" requests/s < {req.request_rate:g}"
+        )
+    eligible = (pruned == "").to_numpy()
+    gpus_per_replica = (table["tp"] * table["pp"]).to_numpy(float)
+    with np.errstate(all="ignore"):
+        slack = np.minimum(1.0, 1e3 * slo.tpot_s / table["max_load_tpot_ms"].to_numpy())
+    score = np.where(eligible, per_replica_max.to_numpy() / gpus_per_replica * slack, -np.inf)
+    chosen = _pick(table, score, req.simulate_top)
+    pruned[eligible & ~np.isin(np.arange(len(table)), chosen)] = (
+        "not simulated: its steady-state estimate ranks below the simulated candidates"
+    )
+    frames = _simulate_ladder(deps, chosen, per_replica_max.to_numpy(), workload, slo, req)
+    out = _summarise(table, frames, chosen, slo, req, workload)
+    out["pruned"] = np.where(out["pruned"] == "", pruned, out["pruned"])
+    out["mode"] = "colocated"
+    if req.disaggregation and req.gpus >= 2:
+        extra = disaggregated(req, spec, hardware, workload, slo, deps, out, frames)
+        if len(extra):
+            out = pd.concat([out, extra], ignore_index=True)
+    out = _rank(out, req)
+    feasible = int(out["meets"].sum())
+    _, provenance = catalog.serving_constants(gpu)
+    return ServingResult(
+        request=req,
+        model=spec,
+        gpu=gpu,
+        table=out,
+        feasible=feasible,
+        constants=provenance,
+        closest=_closest(out, slo, req) if feasible == 0 else "",
+        workload=workload.describe(),
+    )
+
+
+def _pick(table: pd.DataFrame, score: np.ndarray, top: int) -> np.ndarray:
+    """The best `top` by score, two thirds of them the best of each layout (tp, pp, ep) so
+    that no layout goes unsimulated because one setting of another dominates the estimate."""
+    order = [i for i in np.argsort(-score, kind="stable") if np.isfinite(score[i])]
+    keys = table[["tp", "pp", "ep"]].astype(str).agg(" ".join, axis=1).to_numpy()
+    best: list[int] = []
+    seen: set[str] = set()
+    for i in order:
+        if len(best) >= (2 * top) // 3:
+            break
+        if keys[i] not in seen:
+            seen.add(keys[i])
+            best.append(i)
+    for i in order:
+        if len(best) >= top:
+            break
+        if i not in best:
+            best.append(i)
+    return np.array(sorted(best), dtype=int)
+
+
+def _simulate_ladder(
+    deps: Deployments,
+    chosen: np.ndarray,
+    max_rate: np.ndarray,
+    workload: Workload,
+    slo: Slo,
+    req: Request,
+) -> pd.DataFrame:
+    """Round 1: each chosen candidate at the ladder of rates (and the requested rate); round
+    2: two rates between the last that met and the first that missed."""
+    if len(chosen) == 0:
+        empty = {"candidate": pd.Series(dtype=int), "rate": pd.Series(dtype=float)}
+        for name in ("ttft", "tpot", "latency"):
+            for q in sorted({50.0, 90.0, 99.0, slo.percentile}):
+                empty[f"{name}_p{q:g}_ms"] = pd.Series(dtype=float)
+        return pd.DataFrame({**empty, "meets": pd.Series(dtype=bool)})
+    table = deps.table
+    fractions = np.array(LADDER)
+    cand = np.repeat(chosen, len(fractions))
+    rates = np.repeat(max_rate[chosen], len(fractions)) * np.tile(fractions, len(chosen))
+    if req.request_rate is not None:
+        cand = np.concatenate([cand, chosen])
+        rates = np.concatenate([rates, req.request_rate / table["replicas"].to_numpy()[chosen]])
+    first = run_rates(deps, cand, rates, workload, slo).at(slo)
+    bounds = best_rates(first)
+    lo = bounds["met"].fillna(0.0)
+    hi = bounds["missed"]
+    refine = bounds.index[hi.notna()].to_numpy(dtype=int)
+    if len(refine):
+        lo_r, hi_r = lo[refine].to_numpy(), hi[refine].to_numpy()
+        cand2 = np.repeat(refine, 2)
+        rates2 = np.stack([lo_r + (hi_r - lo_r) / 3.0, lo_r + 2.0 * (hi_r - lo_r) / 3.0], 1).ravel()
+        second = run_rates(deps, cand2, rates2, workload, slo).at(slo)
+        first = pd.concat([first, second], ignore_index=True)
+    return first
+
+
+def _summarise(
+    table: pd.DataFrame,
+    frames: pd.DataFrame,
+    chosen: np.ndarray,
+    slo: Slo,
+    req: Request,
+    workload: Workload,
+) -> pd.DataFrame:
+    """Per candidate: goodput (the highest rate that met, whole deployment), and the
+    percentiles at the operating rate (the requested one, else the goodput)."""
+    out = table.copy()
+    out["simulated"] = np.isin(np.arange(len(out)), chosen)
+    replicas = out["replicas"].to_numpy(float)
+    gpus = float(req.gpus)
+    met = frames[frames["meets"]].groupby("candidate")["rate"].max()
+    goodput = np.zeros(len(out))
+    goodput[met.index.to_numpy(dtype=int)] = met.to_numpy()
+    out["goodput_rps"] = goodput * replicas
+    out["goodput_rps_per_gpu"] = out["goodput_rps"] / gpus
+    if req.request_rate is not None:
+        target = req.request_rate / replicas
+    else:
+        lowest = frames.groupby("candidate")["rate"].min()
+        target = np.full(len(out), np.nan)
+        target[lowest.index.to_numpy(dtype=int)] = lowest.to_numpy()
+        target = np.where(goodput > 0, goodput, target)
+    key = pd.Series(target, index=out.index)
+    picked = frames.assign(want=frames["candidate"].map(key))
+    picked = picked[np.isclose(picked["rate"], picked["want"], rtol=1e-9)]
+    picked = picked.drop_duplicates("candidate").set_index("candidate")
+    metrics = [c for c in frames.columns if c.endswith("_ms")]
+    for col in metrics:
+        out[col] = np.nan
+        out.loc[picked.index, col] = picked[col].to_numpy()
+    p = f"p{slo.percentile:g}"
+    out["rate_rps"] = np.where(out["simulated"], key * replicas, np.nan)
+    out["pred_ttft_ms"] = out[f"ttft_{p}_ms"]
+    out["pred_tpot_ms"] = out[f"tpot_{p}_ms"]
+    out["pred_latency_ms"] = out[f"latency_{p}_ms"]
+    out["pred_output_tokens_per_s"] = out["rate_rps"] * workload.output.mean
+    out["pred_output_tokens_per_s_per_gpu"] = out["pred_output_tokens_per_s"] / gpus
+    if req.request_rate is not None:
+        meets = picked["meets"].reindex(out.index).fillna(False).astype(bool)
+    else:
+        meets = pd.Series(goodput > 0, index=out.index)
+    if req.budget.min_throughput is not None:
+        meets &= out["pred_output_tokens_per_s"].fillna(0.0) >= req.budget.min_throughput
+    out["meets"] = meets.to_numpy() & out["simulated"].to_numpy()
+    out["pruned"] = ""
+    missed = out["simulated"] & ~out["meets"]
+    out.loc[missed, "pruned"] = [_miss_text(row, slo, req) for _, row in out[missed].iterrows()]
+    out["miss"] = [_miss_ratio(row, slo, req) for _, row in out.iterrows()]
+    return out
+
+
+def _misses(row: pd.Series, slo: Slo, req: Request) -> list[tuple[str, float, float]]:
+    p = f"p{slo.percentile:g}"
+    found = []
+    for name, limit in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("latency", slo.latency_s)):
+        value = row.get(f"{name}_{p}_ms", np.nan)
+        if np.isfinite(limit) and not value <= 1e3 * limit:
+            found.append(
+                (f"{name.upper() if name != 'latency' else 'latency'} {p}", value, 1e3 * limit)
+            )
+    if req.budget.min_throughput is not None:
+        tput = row.get("pred_output_tokens_per_s", np.nan)
+        if not tput >= req.budget.min_throughput:
+            found.append(("throughput", tput, req.budget.min_throughput))
+    return found
+
+
+def _miss_text(row: pd.Series, slo: Slo, req: Request) -> str:
+    where = f"at {row['rate_rps']:,.2f} requests/s: " if np.isfinite(row["rate_rps"]) else ""
+    parts = []
+    for label, value, limit in _misses(row, slo, req):
+        shown = "never" if not np.isfinite(value) else f"{value:,.1f}"
+        parts.append(f"{label} {shown} vs {limit:,.1f}")
+    return where + ("; ".join(parts) or "requests left unfinished")
+
+
+def _miss_ratio(row: pd.Series, slo: Slo, req: Request) -> float:
+    if not row["simulated"]:
+        return np.inf
+    worst = 0.0
+    for label, value, limit in _misses(row, slo, req):
+        ratio = limit / value if label == "throughput" else value / limit
+        worst = max(worst, ratio - 1.0 if np.isfinite(ratio) else np.inf)
+    return worst
+
+
+def _rank(out: pd.DataFrame, req: Request) -> pd.DataFrame:
+    p = f"latency_p{req.percentile:g}_ms"
+    out = out.sort_values(
+        ["meets", "goodput_rps_per_gpu", p, "tp", "pp"],
+        ascending=[False, False, True, True, True],
+        kind="stable",
+        na_position="last",
+    ).reset_index(drop=True)
+    n = int(out["meets"].sum())
+    out["rank"] = pd.array([*range(1, n + 1), *([pd.NA] * (len(out) - n))], dtype="Int64")
+    out["pareto"] = False
+    return out
+
+
+def label_of(row: pd.Series) -> str:
+    if row.get("mode") == "disaggregated":
+        return str(row["label"])
+    ep = f" ep{int(row['ep'])}" if int(row.get("ep", 1)) > 1 else ""
+    return (
+        f"tp{int(row['tp'])} pp{int(row['pp'])}{ep} x{int(row['replicas'])} "
+        f"{row['precision']}/{row['kv_precision']} seqs {int(row['max_num_seqs'])} "
+        f"tokens {int(row['max_num_batched_tokens'])}"
+    )
+
+
+def _closest(out: pd.DataFrame, slo: Slo, req: Request) -> str:
+    """The simulated deployment that misses least; when none was simulated, of those that fit,
+    the one taking the most requests/s if capacity ruled them out, else the one whose lone
+    request comes nearest the TTFT and TPOT limits."""
+    sim = out[out["simulated"]]
+    if not sim.empty:
+        row = sim.loc[sim["miss"].idxmin()]
+        return f"{label_of(row)}: {_miss_text(row, slo, req)}"
+    fit = out[out["fits"].fillna(False).astype(bool)]
+    if fit.empty:
+        first = out.iloc[0]
+        return f"{label_of(first)}: {first['pruned']}"
+    short = fit[fit["pruned"].astype(str).str.startswith("capacity")]
+    if len(short):
+        row = short.loc[short["max_load_requests_per_s"].idxmax()]
+    else:
+        over = np.maximum(
+            fit["alone_ttft_ms"] / (1e3 * slo.ttft_s), fit["alone_tpot_ms"] / (1e3 * slo.tpot_s)
+        )
+        row = fit.loc[over.idxmin()]
+    return f"{label_of(row)}: {row['pruned']}"
+
+
+def _no_fit(req: Request, spec: ModelSpec, workload: Workload, table: pd.DataFrame) -> str:
+    weights = float(table["weights_gb"].min())
+    node = gpu_and_cluster(req)[1].domain
+    static = Request(
+        model=spec,
+        gpu=req.gpu,
+        gpus=req.gpus,
+        input_len=int(workload.input.largest),
+        output_len=int(workload.output.largest),
+        precision=str(table.loc[table["weights_gb"].idxmin(), "precision"]),
+        gpus_per_node=req.gpus_per_node,
+    )
+    need = min_gpus(static, spec, node)
+    where = f"{req.gpus} {req.gpu} GPU{'s' if req.gpus > 1 else ''}"
+    head = (
+        f"gpus: {spec.name} does not fit on {where} at any tp/pp split "
+        f"(weights alone {weights:.1f} GiB per GPU at best)"
+    )
+    if need is None:
+        return head + "; no split up to 4 nodes holds it"
+    n, split = need
+    if n <= req.gpus:
+        return f"{head}; {n} GPUs ({split}) would hold it: use a GPU count tp*pp divides"
+    return f"{head}; it needs at least {n} GPUs ({split}) for one request"
