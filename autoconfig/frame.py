@@ -393,6 +393,10 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     vp, ep, mbs = num["vp"].fillna(1), num["ep"].fillna(1), num["mbs"].fillna(1)
     etp = num["etp"].fillna(1) if "etp" in num else pd.Series(1.0, index=df.index)
     dp = num["dp"].fillna(num["num_gpus"] / (tp * pp * cp))
+    # A framework whose runs state the rank's batch, which its pipeline schedule splits into
+    # micro-batches of a fixed size (torchtitan), runs that size under pipelining.
+    split = pd.Series([float(fw.allows("pipeline_microbatch")) for fw in fws], index=df.index)
+    mbs = mbs.where(~((pp > 1) & (split > 0)), split)
     sp = flag(df, "sp", tp > 1, err)
     zero_text = text_column(df, "zero")
     zero = pd.to_numeric(zero_text.where(~zero_text.isin(UNKNOWN), "1"), errors="coerce")

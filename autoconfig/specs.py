@@ -354,6 +354,10 @@ class FrameworkCapabilities(_Spec):
     recompute: Sourced  # modes (vocab.Recompute values)
     partial_recompute: Sourced  # full recompute of only some layers of a stage
     precisions: Sourced  # vocab.Precision values
+    # With pipelining, the size its schedule splits a rank's batch into, where a published
+    # run states the rank's batch rather than the micro-batch (0: the stated batch is the
+    # micro-batch).
+    pipeline_microbatch: Sourced = Sourced(value=0, source="the stated batch is the micro-batch")
 
 
 class FrameworkBehaviour(_Spec):
