@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from autoconfig import catalog, layout
+from autoconfig import catalog, checks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.errors import UserError, pydantic_message
@@ -133,6 +133,8 @@ def integers(
         )
         low = 0 if col in NONNEG_INTS else 1
         err.add(~blank & (value < low), f"{col}: must be >= {low}" + got)
+        high = checks.MAX_COUNT  # the one bound on counts (autoconfig.checks)
+        err.add(~blank & (value > high), f"{col}: must be <= {high:,}" + got)
         num[col] = value.where(~blank)
     return pd.DataFrame(num, index=df.index)
 
