@@ -17,25 +17,33 @@ app = typer.Typer(
 
 
 def run() -> None:
-    """Runs the app; maps errors to exit codes."""
+    """Runs the app on the command line's arguments and exits with its code."""
+    sys.exit(execute())
+
+
+def execute(args: list[str] | None = None) -> int:
+    """Runs the app (on `args`, or the command line's) and returns the exit code: bad input is
+    one line on stderr and code 2, Ctrl-C code 130, never a traceback."""
     try:
-        code = app(standalone_mode=False)
+        code = app(args=args, standalone_mode=False)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        return exc.exit_code
+    except SystemExit as exc:  # a command's own sys.exit(code)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        return 130
     except typer.TyperException as exc:  # usage errors: unknown flag, bad number, ...
         if type(exc).__name__ == "NoArgsIsHelpError":
-            sys.exit(0)
+            return 0
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         hint = getattr(exc, "param_hint", None) or getattr(
             getattr(exc, "param", None), "name", None
         )
         where = f"{hint}: " if isinstance(hint, str) and hint not in message else ""
         print(f"error: {where}{' '.join(message.split())}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(code if isinstance(code, int) else 0)
+        return 2
+    return code if isinstance(code, int) else 0

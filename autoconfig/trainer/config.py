@@ -158,8 +158,8 @@ class TrainConfig(Layout):
                 f"{self.tp}*{self.pp}*{dp}*{self.cp} = {self.tp * self.pp * dp * self.cp}",
             ),
             (spec.heads % self.tp != 0, f"tp: {self.tp} does not divide heads ({spec.heads})"),
-            (
-                spec.kv % self.tp != 0,
+            (  # a slice holds one rank's shapes: one replicated KV head when tp > kv_heads
+                spec.kv % self.tp != 0 and not self.slice,
                 f"tp: {self.tp} does not divide kv_heads ({spec.kv}); the bundled trainer "
                 "does not replicate KV heads",
             ),
