@@ -75,7 +75,8 @@ def get_model(name_or_path: str) -> ModelSpec:
     catalog = models()
     if name_or_path not in catalog:
         raise UserError(
-            f"model: unknown name '{name_or_path}'{_closest(name_or_path, list(catalog))}"
+            f"model: unknown name {checks.shown(name_or_path)}"
+            + _closest(name_or_path, list(catalog))
         )
     return catalog[name_or_path]
 
@@ -89,7 +90,7 @@ def get_gpu(name: str) -> GPUSpec:
     catalog = gpus()
     name = name.lower()
     if name not in catalog:
-        raise UserError(f"gpu: unknown name '{name}'{_closest(name, list(catalog))}")
+        raise UserError(f"gpu: unknown name {checks.shown(name)}{_closest(name, list(catalog))}")
     return catalog[name]
 
 

@@ -38,9 +38,9 @@ def integer(value: object, field: str, low: int = 1, high: int = MAX_COUNT) -> i
     elif hasattr(value, "item"):  # a numpy scalar
         return integer(value.item(), field, low, high)
     if number is None:
-        raise UserError(f"{field}: must be an integer in {low}..{high:,} (got {_shown(value)})")
+        raise UserError(f"{field}: must be an integer in {low}..{high:,} (got {shown(value)})")
     if not low <= number <= high:
-        raise UserError(f"{field}: must be in {low}..{high:,} (got {_shown(value)})")
+        raise UserError(f"{field}: must be in {low}..{high:,} (got {shown(value)})")
     return number
 
 
@@ -76,7 +76,7 @@ def number(
             what = "a positive number" if not low_inclusive else "a number >= 0"
         else:
             what = f"a number {'>=' if low_inclusive else '>'} {low:g}"
-        raise UserError(f"{field}: must be {what}, finite, at most {high:g} (got {_shown(value)})")
+        raise UserError(f"{field}: must be {what}, finite, at most {high:g} (got {shown(value)})")
     return x
 
 
@@ -95,11 +95,11 @@ def fraction(value: object, field: str) -> float:
     """A fraction in [0, 1)."""
     x = number(value, field, 0.0, 1.0, low_inclusive=True)
     if x >= 1:
-        raise UserError(f"{field}: must be a fraction in [0, 1) (got {_shown(value)})")
+        raise UserError(f"{field}: must be a fraction in [0, 1) (got {shown(value)})")
     return x
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
     text = repr(value) if isinstance(value, str) else str(value)
     return text if len(text) <= 40 else text[:37] + "..."
 

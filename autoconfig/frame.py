@@ -75,10 +75,12 @@ PLACEHOLDER_MODEL = ModelSpec(name="placeholder", layers=1, hidden=64, heads=1, 
 
 
 def text_column(df: pd.DataFrame, col: str) -> pd.Series:
-    """A column as stripped lower-case text ('' where missing or blank)."""
+    """A column as stripped lower-case text ('' where missing or blank), of Python strings:
+    pandas' own string dtype compares text only up to a NUL character."""
     if col not in df:
         return pd.Series([""] * len(df), index=df.index, dtype=object)
-    return df[col].astype(object).where(df[col].notna(), "").astype(str).str.strip().str.lower()
+    text = df[col].astype(object).where(df[col].notna(), "").map(str)
+    return text.map(lambda cell: cell.strip().lower()).astype(object)
 
 
 class Errors:
@@ -122,12 +124,12 @@ def integers(
     num: dict[str, pd.Series] = {}
     for col in (*positive, *NONNEG_INTS):
         raw = df[col] if col in df else pd.Series([np.nan] * len(df), index=df.index)
-        text = raw.astype(object).where(raw.notna(), "").astype(str).str.strip()
+        text = raw.astype(object).where(raw.notna(), "").map(lambda cell: str(cell).strip())
         blank = text.str.lower().isin(UNKNOWN)
         value = pd.to_numeric(text.where(~blank, None), errors="coerce")
         if col in required:
             err.add(blank, f"{col}: required, must be a positive integer")
-        got = pd.Series(" (got '", index=df.index) + text + "')"
+        got = " (got " + text.map(checks.shown).astype(object) + ")"  # one line, however odd
         err.add(
             ~blank & (value.isna() | (value != np.round(value))), f"{col}: must be an integer" + got
         )
@@ -278,7 +280,9 @@ def read_gpus(
             continue
         unsupported = rows & ~precision.map(gpu.supports).to_numpy()
         err.add(unsupported, f"precision: {gpu.name} has no " + precision + " tensor cores")
-        nodes = num["gpus_per_node"].fillna(gpu.cluster.gpus_per_node)
+        # A row already in error (a node size of 0, inf or 10^30) keeps the profile's node.
+        nodes = num["gpus_per_node"].where(~pd.Series(err.bad, index=df.index))
+        nodes = nodes.fillna(gpu.cluster.gpus_per_node)
         for node in nodes[rows].unique():
             cluster = catalog.cluster_for(gpu, int(node))
             for pos in np.flatnonzero(rows & (nodes == node).to_numpy()):

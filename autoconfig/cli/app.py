@@ -3,8 +3,10 @@ is one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
+import click
 import typer
 
 from autoconfig.errors import UserError
@@ -16,6 +18,13 @@ app = typer.Typer(
 )
 
 
+@functools.cache
+def _command() -> click.Command:
+    """The click command typer builds from the app, once per process (building it inspects
+    every flag of every command: tens of milliseconds)."""
+    return typer.main.get_command(app)
+
+
 def run() -> None:
     """Runs the app on the command line's arguments and exits with its code."""
     sys.exit(execute())
@@ -25,7 +34,7 @@ def execute(args: list[str] | None = None) -> int:
     """Runs the app (on `args`, or the command line's) and returns the exit code: bad input is
     one line on stderr and code 2, Ctrl-C code 130, never a traceback."""
     try:
-        code = app(args=args, standalone_mode=False)
+        code = _command().main(args=args, prog_name="autoconfig", standalone_mode=False)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
