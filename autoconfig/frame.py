@@ -137,7 +137,10 @@ def integers(
         err.add(~blank & (value < low), f"{col}: must be >= {low}" + got)
         high = checks.MAX_COUNT  # the one bound on counts (autoconfig.checks)
         err.add(~blank & (value > high), f"{col}: must be <= {high:,}" + got)
-        num[col] = value.where(~blank)
+        # A cell in error reads as blank: its row is in error already, and no later step
+        # meets an infinity or a number beyond int64 (casts to Int64 raise on those).
+        fine = ~blank & value.notna() & (value == np.round(value)) & value.between(low, high)
+        num[col] = value.where(fine)
     return pd.DataFrame(num, index=df.index)
 
 
