@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from autoconfig import catalog, frameworks, layout
+from autoconfig import catalog, checks, frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError, pydantic_message
@@ -73,10 +73,19 @@ def estimate(
     Raises UserError with a one-line reason when the configuration is invalid.
     """
     fw = catalog.get_framework(framework)
+    num_gpus = checks.integer(num_gpus, "gpus")
+    for name, value in (("tp", tp), ("pp", pp), ("vp", vp), ("cp", cp), ("ep", ep), ("mbs", mbs)):
+        checks.integer(value, name)
+    for name, value in (
+        ("dp", dp),
+        ("gbs", gbs),
+        ("seq-len", seq_len),
+        ("gpus-per-node", gpus_per_node),
+    ):
+        if value is not None:
+            checks.integer(value, name)
     spec = catalog.get_model(model) if isinstance(model, str) else model
     gpu_spec = catalog.get_gpu(gpu)
-    if num_gpus < 1:
-        raise UserError(f"gpus: must be a positive integer (got {num_gpus})")
     dp = dp if dp is not None else num_gpus // max(tp * pp * cp, 1)
     full = str(recompute) == "full"
     per_stage = -(-spec.layers // max(pp, 1))

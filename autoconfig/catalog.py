@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from autoconfig import resources
+from autoconfig import checks, resources
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.specs import ClusterSpec, FrameworkSpec, GPUSpec, InferenceEfficiency, ModelSpec
 
@@ -21,14 +21,16 @@ from autoconfig.specs import ClusterSpec, FrameworkSpec, GPUSpec, InferenceEffic
 def read_yaml(path: Traversable, what: str = "") -> dict:
     """A YAML mapping from a file; one line naming the file (and line) when it is not one."""
     where = f"{what}: {path}" if what else str(path)
+    # Files on disk through the one text-file check; packaged profiles are trusted text.
+    text = checks.text_file(path, what or "file") if isinstance(path, Path) else path.read_text()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
         raise UserError(f"{where}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    except (UnicodeDecodeError, IsADirectoryError):
-        raise UserError(f"{where}: not a YAML text file") from None
+    except RecursionError:
+        raise UserError(f"{where}: nests too deeply to be a profile") from None
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a mapping of fields")
     return data
@@ -97,7 +99,8 @@ def get_model(name_or_path: str) -> ModelSpec:
     catalog = models()
     if name_or_path not in catalog:
         raise UserError(
-            f"model: unknown name '{name_or_path}'{_closest(name_or_path, list(catalog))}"
+            f"model: unknown name {checks.shown(name_or_path)}"
+            + _closest(name_or_path, list(catalog))
         )
     return catalog[name_or_path]
 
@@ -111,13 +114,11 @@ def get_gpu(name: str) -> GPUSpec:
     catalog = gpus()
     name = name.lower()
     if name not in catalog:
-        raise UserError(f"gpu: unknown name '{name}'{_closest(name, list(catalog))}")
+        raise UserError(f"gpu: unknown name {checks.shown(name)}{_closest(name, list(catalog))}")
     return catalog[name]
 
 
 def gpu_from_file(path: Path) -> GPUSpec:
-    if not path.is_file():
-        raise UserError(f"profile: no such file '{path}'")
     try:
         return GPUSpec(**read_yaml(path, "profile"))
     except ValidationError as exc:
@@ -178,26 +179,49 @@ _HF_KEYS = {
 }
 
 
+# Counts that may be zero (a dense model has no experts).
+_HF_MAY_BE_ZERO = ("num_experts", "topk", "shared_experts")
+
+
 def model_from_hf_config(path: Path) -> ModelSpec:
-    """A ModelSpec from a Hugging Face transformers config.json."""
+    """A ModelSpec from a Hugging Face transformers config.json (or a model folder holding
+    one). Every number is checked (checks.integer): an exact integer in range, not a bool."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"model: '{path}' is a folder without a config.json")
+        path = path / "config.json"
+    text = checks.text_file(path, "model")
     try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"model: no such file '{path}'") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"model: '{path}' is not valid JSON ({exc})") from None
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"model: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})"
+        ) from None
+    except RecursionError:
+        raise UserError(f"model: '{path}' nests too deeply to be a config.json") from None
     if not isinstance(cfg, dict):
         raise UserError(f"model: '{path}' must hold a JSON object")
     fields: dict[str, object] = {}
     for field, keys in _HF_KEYS.items():
         for key in keys:
             if cfg.get(key) is not None:
-                fields[field] = cfg[key]
+                where = f"model: '{path}': {key}"
+                if field == "max_seq_len":  # some configs say 2^31 for "unlimited": cap it
+                    value = checks.integer(cfg[key], where, 1, 2**63)
+                    fields[field] = min(value, checks.MAX_COUNT)
+                else:
+                    low = 0 if field in _HF_MAY_BE_ZERO else 1
+                    fields[field] = checks.integer(cfg[key], where, low)
                 break
     for needed in ("layers", "hidden", "heads", "vocab"):
         if needed not in fields:
             names = " or ".join(_HF_KEYS[needed])
             raise UserError(f"model: '{path}' lacks {names} (needed for {needed})")
+    name = cfg.get("_name_or_path")
+    fields["name"] = (
+        name if isinstance(name, str) and name.strip() else path.parent.name or path.stem
+    )
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "gelu").lower()
     model_type = str(cfg.get("model_type", "")).lower()
     gated = act in ("silu", "swiglu", "swish") or model_type in (
@@ -211,13 +235,16 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     rms = "rms_norm_eps" in cfg or "rms_norm" in str(cfg.get("normalization", "")).lower()
     rope = "rope_theta" in cfg or "rope_scaling" in cfg or "rotary" in json.dumps(cfg).lower()
     fields.update(
-        name=cfg.get("_name_or_path") or path.stem,
         mlp="swiglu" if gated else ("squared_relu" if "relu2" in act else "gelu"),
         norm="rmsnorm" if rms else "layernorm",
         position="rope" if rope else ("alibi" if cfg.get("alibi") else "learned"),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", not gated)),
+        tied_embeddings=_flag(cfg, "tie_word_embeddings", not gated, path),
         seq_len=min(int(fields.get("max_seq_len", 4096)), 8192),
-        dropout=float(cfg.get("attention_dropout", 0) or cfg.get("hidden_dropout", 0) or 0) > 0,
+        dropout=any(
+            checks.number(cfg[k], f"model: '{path}': {k}", 0, 1, low_inclusive=True) > 0
+            for k in ("attention_dropout", "hidden_dropout")
+            if cfg.get(k) is not None
+        ),
         source=f"Hugging Face config {path}",
     )
     if fields.get("num_experts") and "moe_ffn_hidden" not in fields:
@@ -226,3 +253,12 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         return ModelSpec(**fields)
     except ValidationError as exc:
         raise UserError(pydantic_message(exc, f"model: '{path}': ")) from None
+
+
+def _flag(cfg: dict, key: str, default: bool, path: Path) -> bool:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise UserError(f"model: '{path}': {key}: must be true or false (got {value!r})")
+    return value

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from autoconfig import catalog, frameworks, layout
+from autoconfig import catalog, checks, frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.errors import UserError, pydantic_message
@@ -76,10 +76,12 @@ PLACEHOLDER_MODEL = ModelSpec(name="placeholder", layers=1, hidden=64, heads=1, 
 
 
 def text_column(df: pd.DataFrame, col: str) -> pd.Series:
-    """A column as stripped lower-case text ('' where missing or blank)."""
+    """A column as stripped lower-case text ('' where missing or blank), of Python strings:
+    pandas' own string dtype compares text only up to a NUL character."""
     if col not in df:
         return pd.Series([""] * len(df), index=df.index, dtype=object)
-    return df[col].astype(object).where(df[col].notna(), "").astype(str).str.strip().str.lower()
+    text = df[col].astype(object).where(df[col].notna(), "").map(str)
+    return text.map(lambda cell: cell.strip().lower()).astype(object)
 
 
 class Errors:
@@ -123,18 +125,23 @@ def integers(
     num: dict[str, pd.Series] = {}
     for col in (*positive, *NONNEG_INTS):
         raw = df[col] if col in df else pd.Series([np.nan] * len(df), index=df.index)
-        text = raw.astype(object).where(raw.notna(), "").astype(str).str.strip()
+        text = raw.astype(object).where(raw.notna(), "").map(lambda cell: str(cell).strip())
         blank = text.str.lower().isin(UNKNOWN)
         value = pd.to_numeric(text.where(~blank, None), errors="coerce")
         if col in required:
             err.add(blank, f"{col}: required, must be a positive integer")
-        got = pd.Series(" (got '", index=df.index) + text + "')"
+        got = " (got " + text.map(checks.shown).astype(object) + ")"  # one line, however odd
         err.add(
             ~blank & (value.isna() | (value != np.round(value))), f"{col}: must be an integer" + got
         )
         low = 0 if col in NONNEG_INTS else 1
         err.add(~blank & (value < low), f"{col}: must be >= {low}" + got)
-        num[col] = value.where(~blank)
+        high = checks.MAX_COUNT  # the one bound on counts (autoconfig.checks)
+        err.add(~blank & (value > high), f"{col}: must be <= {high:,}" + got)
+        # A cell in error reads as blank: its row is in error already, and no later step
+        # meets an infinity or a number beyond int64 (casts to Int64 raise on those).
+        fine = ~blank & value.notna() & (value == np.round(value)) & value.between(low, high)
+        num[col] = value.where(fine)
     return pd.DataFrame(num, index=df.index)
 
 
@@ -302,7 +309,9 @@ def read_gpus(
             continue
         unsupported = rows & ~precision.map(gpu.supports).to_numpy()
         err.add(unsupported, f"precision: {gpu.name} has no " + precision + " tensor cores")
-        nodes = num["gpus_per_node"].fillna(gpu.cluster.gpus_per_node)
+        # A row already in error (a node size of 0, inf or 10^30) keeps the profile's node.
+        nodes = num["gpus_per_node"].where(~pd.Series(err.bad, index=df.index))
+        nodes = nodes.fillna(gpu.cluster.gpus_per_node)
         for node in nodes[rows].unique():
             cluster = catalog.cluster_for(gpu, int(node))
             for pos in np.flatnonzero(rows & (nodes == node).to_numpy()):

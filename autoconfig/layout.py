@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from autoconfig import checks
 from autoconfig.errors import UserError
 from autoconfig.vocab import Choice, Framework, Recompute, ZeroStage
 
@@ -54,7 +55,11 @@ class Dimension:
     def parse(self, text: object, where: str = "") -> Any:
         """A value from text or a plain value, or a UserError naming the dimension."""
         name = f"{where}{self.name}"
-        if isinstance(text, self.type) and not (self.type is int and isinstance(text, bool)):
+        if isinstance(text, list | tuple | dict | set):  # YAML can nest; a value cannot
+            raise UserError(f"{name}: must be a single value (got a {type(text).__name__})")
+        if self.type is int:  # exact, bounded, not a bool (checks.integer)
+            return checks.integer(text, name, 0 if self.minimum is None else self.minimum)
+        if isinstance(text, self.type):
             value = text
         elif self.type is bool:
             word = str(text).strip().lower()

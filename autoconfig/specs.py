@@ -17,7 +17,8 @@ from autoconfig.vocab import Mlp, Norm, Position, Precision
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are never a model's, a GPU's or a cluster's figure.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class MLASpec(_Spec):

@@ -23,8 +23,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autoconfig"
 # Bottom to top. A module may import its own room (package or module) and anything on a lower
 # floor, never a room on its own floor or above.
 FLOORS: list[set[str]] = [
-    {"errors", "fileio", "resources"},
-    {"vocab"},
+    {"errors", "resources", "intmath"},
+    {"vocab", "checks", "fileio", "folderlock"},
     {"layout", "machine"},
     {"cost"},
     {"specs"},

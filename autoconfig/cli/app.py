@@ -3,8 +3,10 @@ is one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
+import click
 import typer
 
 from autoconfig.errors import UserError
@@ -16,26 +18,41 @@ app = typer.Typer(
 )
 
 
+@functools.cache
+def _command() -> click.Command:
+    """The click command typer builds from the app, once per process (building it inspects
+    every flag of every command: tens of milliseconds)."""
+    return typer.main.get_command(app)
+
+
 def run() -> None:
-    """Runs the app; maps errors to exit codes."""
+    """Runs the app on the command line's arguments and exits with its code."""
+    sys.exit(execute())
+
+
+def execute(args: list[str] | None = None) -> int:
+    """Runs the app (on `args`, or the command line's) and returns the exit code: bad input is
+    one line on stderr and code 2, Ctrl-C code 130, never a traceback."""
     try:
-        code = app(standalone_mode=False)
+        code = _command().main(args=args, prog_name="autoconfig", standalone_mode=False)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        return exc.exit_code
+    except SystemExit as exc:  # a command's own sys.exit(code)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        return 130
     except typer.TyperException as exc:  # usage errors: unknown flag, bad number, ...
         if type(exc).__name__ == "NoArgsIsHelpError":
-            sys.exit(0)
+            return 0
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         hint = getattr(exc, "param_hint", None) or getattr(
             getattr(exc, "param", None), "name", None
         )
         where = f"{hint}: " if isinstance(hint, str) and hint not in message else ""
         print(f"error: {where}{' '.join(message.split())}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(code if isinstance(code, int) else 0)
+        return 2
+    return code if isinstance(code, int) else 0

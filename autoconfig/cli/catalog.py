@@ -11,6 +11,7 @@ import yaml
 
 from autoconfig import catalog as models_and_gpus
 from autoconfig.cli.app import app
+from autoconfig.cli.options import OUT_FILE
 from autoconfig.fileio import write_text
 from autoconfig.report import terminal
 
@@ -31,7 +32,9 @@ def gpus() -> None:
 @app.command()
 def calibrate(
     run: Path = typer.Argument(..., help="a measured search's --out folder"),
-    write: Path = typer.Option(None, help="where to write the calibrated profile YAML"),
+    write: Path = typer.Option(
+        None, help="where to write the calibrated profile YAML", callback=OUT_FILE
+    ),
     storage: str = typer.Option(None, help="the study's Optuna storage URL, if not in RUN"),
 ) -> None:
     """Fit the GPU profile's efficiency constants to a measured search's trials."""
@@ -42,5 +45,5 @@ def calibrate(
     calibration = fit(run, storage)
     terminal.print_view(calibration_view(calibration))
     if write is not None:
-        write_text(write, yaml.safe_dump(calibration.profile(run), sort_keys=False))
+        write_text(write, yaml.safe_dump(calibration.profile(run), sort_keys=False), "write")
         print(f"wrote {write}; use it with --profile {write}", file=sys.stderr)

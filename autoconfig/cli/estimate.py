@@ -9,7 +9,7 @@ import typer
 
 from autoconfig import api
 from autoconfig.cli.app import app
-from autoconfig.cli.options import read_csv
+from autoconfig.cli.options import COUNT, COUNT0, OUT_FILE, read_csv
 from autoconfig.errors import UserError
 from autoconfig.report import files, terminal
 from autoconfig.vocab import Framework, Precision, Recompute, ZeroStage
@@ -19,19 +19,29 @@ from autoconfig.vocab import Framework, Precision, Recompute, ZeroStage
 def estimate(
     model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
     gpu: str = typer.Option("h100-sxm-80gb", help="GPU profile name (see `autoconfig gpus`)"),
-    gpus: int = typer.Option(None, help="total number of GPUs"),
-    tp: int = typer.Option(1, help="tensor-parallel degree"),
-    pp: int = typer.Option(1, help="pipeline stages"),
-    vp: int = typer.Option(1, help="virtual stages per pipeline rank (interleaved 1F1B)"),
-    cp: int = typer.Option(1, help="context-parallel degree"),
-    ep: int = typer.Option(1, help="expert-parallel degree (MoE)"),
-    dp: int = typer.Option(None, help="data-parallel degree (default: gpus / (tp*pp*cp))"),
+    gpus: int = typer.Option(None, help="total number of GPUs", callback=COUNT),
+    tp: int = typer.Option(1, help="tensor-parallel degree", callback=COUNT),
+    pp: int = typer.Option(1, help="pipeline stages", callback=COUNT),
+    vp: int = typer.Option(
+        1, help="virtual stages per pipeline rank (interleaved 1F1B)", callback=COUNT
+    ),
+    cp: int = typer.Option(1, help="context-parallel degree", callback=COUNT),
+    ep: int = typer.Option(1, help="expert-parallel degree (MoE)", callback=COUNT),
+    dp: int = typer.Option(
+        None, help="data-parallel degree (default: gpus / (tp*pp*cp))", callback=COUNT
+    ),
     sp: bool = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on if tp>1)"),
-    mbs: int = typer.Option(1, help="micro-batch size in sequences"),
-    gbs: int = typer.Option(None, help="global batch size in sequences (default: dp*mbs)"),
-    seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
+    mbs: int = typer.Option(1, help="micro-batch size in sequences", callback=COUNT),
+    gbs: int = typer.Option(
+        None, help="global batch size in sequences (default: dp*mbs)", callback=COUNT
+    ),
+    seq_len: int = typer.Option(
+        None, help="sequence length (default: the model's)", callback=COUNT
+    ),
     recompute: Recompute = typer.Option(Recompute.NONE, help="activation recompute"),
-    recompute_layers: int = typer.Option(None, help="with full recompute: layers per stage"),
+    recompute_layers: int = typer.Option(
+        None, help="with full recompute: layers per stage", callback=COUNT0
+    ),
     zero: int = typer.Option(
         int(ZeroStage.OPTIMIZER), min=0, max=3, help="0, 1 (distributed optimizer), 2, 3 (FSDP)"
     ),
@@ -40,9 +50,13 @@ def estimate(
     framework: Framework = typer.Option(
         Framework.MEGATRON, help="the framework that runs it (what it overlaps and fuses)"
     ),
-    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    gpus_per_node: int = typer.Option(
+        None, help="GPUs per node (default: the GPU's cluster)", callback=COUNT
+    ),
     runs: Path = typer.Option(None, help="CSV of runs (reference columns) to estimate in batch"),
-    out: Path = typer.Option(None, help="with --runs: where to write predictions CSV"),
+    out: Path = typer.Option(
+        None, help="with --runs: where to write predictions CSV", callback=OUT_FILE
+    ),
 ) -> None:
     """Predict memory and step time of one configuration (or every row of --runs)."""
     if runs is not None:

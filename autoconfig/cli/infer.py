@@ -11,9 +11,19 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from autoconfig import api
+from autoconfig import api, checks
 from autoconfig.cli.app import app
-from autoconfig.cli.options import MEASURE, SERVE, measure_options, on_cpu, read_csv
+from autoconfig.cli.options import (
+    AMOUNT,
+    COUNT,
+    COUNT0,
+    MEASURE,
+    SEED,
+    SERVE,
+    measure_options,
+    on_cpu,
+    read_csv,
+)
 from autoconfig.errors import UserError
 from autoconfig.report import files, serving, terminal
 from autoconfig.serve.result import ServingResult
@@ -40,7 +50,9 @@ def infer(
     gpu: str = typer.Option(
         None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
     ),
-    gpus: int = typer.Option(None, help="GPUs of the deployment (with --measure: the most ranks)"),
+    gpus: int = typer.Option(
+        None, help="GPUs of the deployment (with --measure: the most ranks)", callback=COUNT
+    ),
     input_len: str = typer.Option(
         None, help="prompt tokens per request: N, or LOW:HIGH uniform (default: a chat turn)"
     ),
@@ -50,15 +62,17 @@ def infer(
     workload: Path = typer.Option(
         None, help="CSV of requests: input_len, output_len[, arrival_s] (a trace if timed)"
     ),
-    max_ttft_ms: float = typer.Option(None, help="time to first token, ms", rich_help_panel=SERVE),
+    max_ttft_ms: float = typer.Option(
+        None, help="time to first token, ms", rich_help_panel=SERVE, callback=AMOUNT
+    ),
     max_tpot_ms: float = typer.Option(
-        None, help="time per output token, ms", rich_help_panel=SERVE
+        None, help="time per output token, ms", rich_help_panel=SERVE, callback=AMOUNT
     ),
     max_latency_ms: float = typer.Option(
-        None, help="end-to-end latency of a request, ms", rich_help_panel=SERVE
+        None, help="end-to-end latency of a request, ms", rich_help_panel=SERVE, callback=AMOUNT
     ),
     min_throughput: float = typer.Option(
-        None, help="output tokens/s of the whole deployment", rich_help_panel=SERVE
+        None, help="output tokens/s of the whole deployment", rich_help_panel=SERVE, callback=AMOUNT
     ),
     percentile: float = typer.Option(
         90.0, help="the latency limits hold for this percentile of requests", rich_help_panel=SERVE
@@ -100,29 +114,43 @@ def infer(
     disaggregation: bool = typer.Option(True, help="try separate prefill and decode pools"),
     requests: int = typer.Option(None, help="requests simulated per point (default 200)"),
     emit: Engine = typer.Option(None, help="print the best deployment's launch flags"),
-    max_batch: int = typer.Option(1024, help="static batching: largest batch tried"),
-    batch: list[int] = typer.Option(None, help="static batching: these batch sizes"),
-    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    max_batch: int = typer.Option(
+        1024, help="static batching: largest batch tried", callback=COUNT
+    ),
+    batch: list[int] = typer.Option(
+        None, help="static batching: these batch sizes (repeatable)", callback=COUNT
+    ),
+    gpus_per_node: int = typer.Option(
+        None, help="GPUs per node (default: the GPU's cluster)", callback=COUNT
+    ),
     allow_tp_across_nodes: bool = typer.Option(False, help="let a TP group span nodes"),
-    top: int = typer.Option(15, help="rows to show"),
-    out: Path = typer.Option(None, help="folder for results.csv, best.json, report.html"),
+    top: int = typer.Option(15, help="rows to show", callback=COUNT0),
+    out: Path = typer.Option(
+        None, help="folder for results.csv, best.json, report.html (with --runs: a CSV file)"
+    ),
     runs: Path = typer.Option(None, help="CSV of serving points (inference_runs.csv columns)"),
     measure: bool = typer.Option(False, help="generate with the bundled model to measure"),
-    trials: int = typer.Option(4, help="finished trials to run", rich_help_panel=MEASURE),
+    trials: int = typer.Option(
+        4, help="finished trials to run", rich_help_panel=MEASURE, callback=COUNT
+    ),
     sampler: Sampler = typer.Option(Sampler.MODEL, rich_help_panel=MEASURE),
-    enqueue_top: int = typer.Option(3, rich_help_panel=MEASURE),
-    candidates: int = typer.Option(50, rich_help_panel=MEASURE),
+    enqueue_top: int = typer.Option(3, rich_help_panel=MEASURE, callback=COUNT0),
+    candidates: int = typer.Option(50, rich_help_panel=MEASURE, callback=COUNT),
     executor: Executor = typer.Option(Executor.LOCAL, rich_help_panel=MEASURE),
     device: Device = typer.Option(Device.AUTO, rich_help_panel=MEASURE),
-    parallel: int = typer.Option(1, rich_help_panel=MEASURE),
-    steps: int = typer.Option(4, help="generations per trial", rich_help_panel=MEASURE),
-    warmup: int = typer.Option(1, help="generations left out", rich_help_panel=MEASURE),
-    trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE),
-    budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE),
-    trial_memory_gb: float = typer.Option(None, rich_help_panel=MEASURE),
+    parallel: int = typer.Option(1, rich_help_panel=MEASURE, callback=COUNT),
+    steps: int = typer.Option(
+        4, help="generations per trial", rich_help_panel=MEASURE, callback=COUNT
+    ),
+    warmup: int = typer.Option(
+        1, help="generations left out", rich_help_panel=MEASURE, callback=COUNT0
+    ),
+    trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE, callback=AMOUNT),
+    budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE, callback=AMOUNT),
+    trial_memory_gb: float = typer.Option(None, rich_help_panel=MEASURE, callback=AMOUNT),
     storage: str = typer.Option(None, rich_help_panel=MEASURE),
     resume: bool = typer.Option(False, rich_help_panel=MEASURE),
-    seed: int = typer.Option(0, rich_help_panel=MEASURE),
+    seed: int = typer.Option(0, rich_help_panel=MEASURE, callback=SEED),
     slurm_partition: str = typer.Option(None, rich_help_panel=MEASURE),
     slurm_account: str = typer.Option(None, rich_help_panel=MEASURE),
     slurm_option: list[str] = typer.Option(None, rich_help_panel=MEASURE),
@@ -132,6 +160,8 @@ def infer(
     takes the most requests/s per GPU within TTFT / TPOT / latency limits at a percentile,
     from a scheduler simulation of the workload; with static batches, the most output
     tokens/s per GPU. --measure runs the best points with the bundled model."""
+    if out is not None:  # checked before any work: a file with --runs, else a folder
+        (checks.output_file if runs is not None else checks.output_folder)(out, "out")
     if runs is not None:
         files.write_batch(api.infer_frame(read_csv(runs)), out)
         return

@@ -1,15 +1,21 @@
-"""What several commands share: the measured-trial options (`search` and `infer` name them
-alike), CSV input, key=value lists, and whether a GPU is here."""
+"""What several commands share: flag checks (typer callbacks over autoconfig.checks), the
+output folder's lock, the measured-trial options (`search` and `infer` name them alike), CSV
+input, key=value lists, and whether a GPU is here."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import typer
 
-from autoconfig import machine
+from autoconfig import checks, machine
 from autoconfig.errors import UserError
+from autoconfig.folderlock import folder_lock
 from autoconfig.vocab import Device
 
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
@@ -19,15 +25,49 @@ MEASURE = "measured search (--measure)"
 SERVE = "budget"
 
 
+def checked(check: Callable[..., Any], **limits: Any) -> Callable[..., Any]:
+    """A typer callback that runs a flag's value through `check` (autoconfig.checks), so a bad
+    value is one line naming the flag, before the command does anything."""
+
+    def callback(param: typer.CallbackParam, value: Any) -> Any:
+        if value is None:
+            return None
+        flag = param.opts[0].lstrip("-") if param.opts else str(param.name)
+        if isinstance(value, list | tuple):
+            return [check(v, flag, **limits) for v in value]
+        return check(value, flag, **limits)
+
+    return callback
+
+
+COUNT = checked(checks.integer)  # a positive integer up to checks.MAX_COUNT
+COUNT0 = checked(checks.integer, low=0)
+AMOUNT = checked(checks.number)  # a finite positive number
+FRACTION = checked(checks.fraction)
+OUT_FOLDER = checked(checks.output_folder)
+OUT_FILE = checked(checks.output_file)
+SEED = checked(checks.integer, low=0, high=2**32 - 1)
+
+
+@contextmanager
+def claimed(out: Path | None) -> Iterator[None]:
+    """The command's output folder, locked for the whole command (folderlock): a second
+    command on the same folder is one line and exit code 2. Nothing without --out."""
+    if out is None:
+        yield
+        return
+    with folder_lock(out):
+        yield
+
+
 def read_csv(runs: Path) -> pd.DataFrame:
+    """A CSV of runs, every cell as text (checks.text_file: a text file, not a folder)."""
+    text = checks.text_file(runs, "runs")
     try:
-        return pd.read_csv(runs, dtype=str, keep_default_na=False)
-    except FileNotFoundError:
-        raise UserError(f"runs: no such file '{runs}'") from None
-    except IsADirectoryError:
-        raise UserError(f"runs: '{runs}' is a folder, not a CSV file") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UserError(f"runs: '{runs}' is not a readable CSV ({str(exc).strip()})") from None
+        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise UserError(f"runs: '{runs}' is not a readable CSV ({reason})") from None
 
 
 def pairs(items: list[str] | None, flag: str) -> dict[str, str]:

@@ -11,8 +11,20 @@ from typing import TYPE_CHECKING
 import typer
 
 from autoconfig import api, catalog, layout
+from autoconfig.checks import MAX_COUNT
 from autoconfig.cli.app import app
-from autoconfig.cli.options import MEASURE, measure_options, on_cpu
+from autoconfig.cli.options import (
+    AMOUNT,
+    COUNT,
+    COUNT0,
+    FRACTION,
+    MEASURE,
+    OUT_FOLDER,
+    SEED,
+    claimed,
+    measure_options,
+    on_cpu,
+)
 from autoconfig.errors import UserError
 from autoconfig.report import exports, files, terminal
 from autoconfig.training.result import SearchResult
@@ -26,30 +38,46 @@ from autoconfig.vocab import Device, Executor, Framework, Precision, Sampler
 @app.command()
 def search(
     model: str = typer.Option(..., help="catalog name or path to a Hugging Face config.json"),
-    gpus: int = typer.Option(..., help="total number of GPUs (with --measure: ranks)"),
+    gpus: int = typer.Option(
+        ..., help="total number of GPUs (with --measure: ranks)", callback=COUNT
+    ),
     gpu: str = typer.Option(
         None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
     ),
     profile: str = typer.Option(None, help="a GPU profile YAML, e.g. from autoconfig calibrate"),
-    seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
-    gbs: int = typer.Option(None, help="global batch in sequences (default: ~2-4M tokens)"),
+    seq_len: int = typer.Option(
+        None, help="sequence length (default: the model's)", callback=COUNT
+    ),
+    gbs: int = typer.Option(
+        None, help="global batch in sequences (default: ~2-4M tokens)", callback=COUNT
+    ),
     precision: Precision = typer.Option(Precision.BF16, help="training precision"),
     space: Path = typer.Option(None, help="search-space YAML overriding the default space"),
     fix: list[str] = typer.Option(
         None, help="fix dimensions, e.g. --fix tp=2 or --fix tp=8,pp=8 (repeatable)"
     ),
-    max_tp: int = typer.Option(None, help="largest tensor-parallel degree"),
-    max_pp: int = typer.Option(None, help="largest pipeline degree"),
-    min_dp: int = typer.Option(None, help="smallest data-parallel degree"),
-    max_memory_gb: float = typer.Option(None, help="per-GPU memory limit, GiB"),
-    memory_headroom: float = typer.Option(0.0, help="fraction of GPU memory to keep free"),
-    gpus_per_node: int = typer.Option(
-        None, help="GPUs per node (default: the GPU's cluster); with slurm: ranks per node"
+    max_tp: int = typer.Option(None, help="largest tensor-parallel degree", callback=COUNT),
+    max_pp: int = typer.Option(None, help="largest pipeline degree", callback=COUNT),
+    min_dp: int = typer.Option(None, help="smallest data-parallel degree", callback=COUNT),
+    max_memory_gb: float = typer.Option(None, help="per-GPU memory limit, GiB", callback=AMOUNT),
+    memory_headroom: float = typer.Option(
+        0.0, help="fraction of GPU memory to keep free", callback=FRACTION
     ),
-    top: int = typer.Option(10, help="rows to show"),
-    tokens: float = typer.Option(None, help="training tokens: show days (and cost) to train"),
-    gpu_hour_usd: float = typer.Option(None, help="price of one GPU-hour, with --tokens"),
-    out: Path = typer.Option(None, help="folder for results.csv, best.json, report.html"),
+    gpus_per_node: int = typer.Option(
+        None,
+        help="GPUs per node (default: the GPU's cluster); with slurm: ranks per node",
+        callback=COUNT,
+    ),
+    top: int = typer.Option(10, help="rows to show", callback=COUNT0),
+    tokens: float = typer.Option(
+        None, help="training tokens: show days (and cost) to train", callback=AMOUNT
+    ),
+    gpu_hour_usd: float = typer.Option(
+        None, help="price of one GPU-hour, with --tokens", callback=AMOUNT
+    ),
+    out: Path = typer.Option(
+        None, help="folder for results.csv, best.json, report.html", callback=OUT_FOLDER
+    ),
     framework: Framework = typer.Option(
         None,
         help="the framework that will run it: its layouts, overlaps and fused kernels "
@@ -57,25 +85,34 @@ def search(
     ),
     emit: Framework = typer.Option(None, help="print the best as that framework's settings"),
     measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
-    trials: int = typer.Option(8, help="finished trials to run", rich_help_panel=MEASURE),
+    trials: int = typer.Option(
+        8, help="finished trials to run", rich_help_panel=MEASURE, callback=COUNT
+    ),
     sampler: Sampler = typer.Option(
         Sampler.MODEL, help="after the analytical top-k", rich_help_panel=MEASURE
     ),
     enqueue_top: int = typer.Option(
-        3, help="analytical best measured first", rich_help_panel=MEASURE
+        3, help="analytical best measured first", rich_help_panel=MEASURE, callback=COUNT0
     ),
     candidates: int = typer.Option(
-        200, help="best predicted layouts the study chooses among", rich_help_panel=MEASURE
+        200,
+        help="best predicted layouts the study chooses among",
+        rich_help_panel=MEASURE,
+        callback=COUNT,
     ),
     executor: Executor = typer.Option(Executor.LOCAL, rich_help_panel=MEASURE),
     device: Device = typer.Option(Device.AUTO, rich_help_panel=MEASURE),
-    parallel: int = typer.Option(1, help="trials at once", rich_help_panel=MEASURE),
-    steps: int = typer.Option(10, help="training steps per trial", rich_help_panel=MEASURE),
-    warmup: int = typer.Option(2, help="steps left out of the timing", rich_help_panel=MEASURE),
-    trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE),
-    budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE),
+    parallel: int = typer.Option(1, help="trials at once", rich_help_panel=MEASURE, callback=COUNT),
+    steps: int = typer.Option(
+        10, help="training steps per trial", rich_help_panel=MEASURE, callback=COUNT
+    ),
+    warmup: int = typer.Option(
+        2, help="steps left out of the timing", rich_help_panel=MEASURE, callback=COUNT0
+    ),
+    trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE, callback=AMOUNT),
+    budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE, callback=AMOUNT),
     trial_memory_gb: float = typer.Option(
-        None, help="per-rank memory cap of each trial", rich_help_panel=MEASURE
+        None, help="per-rank memory cap of each trial", rich_help_panel=MEASURE, callback=AMOUNT
     ),
     capacity_factor: float = typer.Option(
         None,
@@ -86,7 +123,7 @@ def search(
         None, help="Optuna storage URL (default sqlite in --out)", rich_help_panel=MEASURE
     ),
     resume: bool = typer.Option(False, help="continue the study in --out", rich_help_panel=MEASURE),
-    seed: int = typer.Option(0, help="sampler seed", rich_help_panel=MEASURE),
+    seed: int = typer.Option(0, help="sampler seed", rich_help_panel=MEASURE, callback=SEED),
     slurm_partition: str = typer.Option(None, rich_help_panel=MEASURE),
     slurm_account: str = typer.Option(None, rich_help_panel=MEASURE),
     slurm_option: list[str] = typer.Option(
@@ -96,18 +133,16 @@ def search(
     """Rank every valid parallel layout of a model on N GPUs by predicted throughput; with
     --measure, confirm the best with short profiled runs of the bundled trainer."""
     fixed = layout.parse_fix(fix)
-    if tokens is not None and tokens <= 0:
-        raise UserError(f"tokens: must be positive (got {tokens})")
-    if gpu_hour_usd is not None and gpu_hour_usd <= 0:
-        raise UserError(f"gpu-hour-usd: must be positive (got {gpu_hour_usd})")
     if profile is not None and gpu is not None:
         raise UserError("profile: give --profile or --gpu, not both")
     cpu = on_cpu(measure, device)
+    # --profile is always a file, whatever its name (catalog.get_gpu reads paths as files).
+    profile = str(Path(profile).absolute()) if profile is not None else None
     gpu = profile or gpu or ("cpu-gloo" if cpu else "h100-sxm-80gb")
     if measure and trial_memory_gb is not None and max_memory_gb is None:
         max_memory_gb = trial_memory_gb  # predict against the cap the trials will run under
     if cpu and gbs is None:
-        gbs = 4 * gpus  # CPU trials: a few sequences per rank, not a GPU cluster's ~2-4M tokens
+        gbs = min(4 * gpus, MAX_COUNT)  # CPU trials: a few sequences per rank
     if measure and out is None:
         if resume:
             raise UserError("out: --resume needs the --out folder of the search to continue")
@@ -115,35 +150,46 @@ def search(
     framework = framework or emit or Framework.MEGATRON
     catalog.get_gpu(gpu)  # an unknown name is one line before any work starts
     catalog.get_framework(framework.value)
-    print(f"searching {model} on {gpus} GPUs ...", file=sys.stderr)
-    result = api.search(
-        model,
-        gpus,
-        gpu,
-        seq_len=seq_len,
-        gbs=gbs,
-        precision=precision.value,
-        space=space,
-        fix=fixed,
-        max_tp=max_tp,
-        max_pp=max_pp,
-        min_dp=min_dp,
-        max_memory_gb=max_memory_gb,
-        memory_headroom=memory_headroom,
-        gpus_per_node=gpus_per_node,
-        framework=framework.value,
-    )
-    if measure:
-        raise typer.Exit(_measure(result, model, gpu, measure_options(locals(), cpu)))
-    terminal.print_view(terminal.search_view(result, top, tokens, gpu_hour_usd))
-    if out is not None:
-        files.write_search(result, out)
-        print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
+    opts = measure_options(locals(), cpu) if measure else None
+    if opts is not None:
+        _check_measure(opts)  # before the search: a bad trial option costs nothing
+    with claimed(out):
+        print(f"searching {model} on {gpus} GPUs ...", file=sys.stderr)
+        result = api.search(
+            model,
+            gpus,
+            gpu,
+            seq_len=seq_len,
+            gbs=gbs,
+            precision=precision.value,
+            space=space,
+            fix=fixed,
+            max_tp=max_tp,
+            max_pp=max_pp,
+            min_dp=min_dp,
+            max_memory_gb=max_memory_gb,
+            memory_headroom=memory_headroom,
+            gpus_per_node=gpus_per_node,
+            framework=framework.value,
+        )
+        if opts is not None:
+            raise typer.Exit(_measure(result, model, gpu, opts))
+        terminal.print_view(terminal.search_view(result, top, tokens, gpu_hour_usd))
+        if out is not None:
+            files.write_search(result, out)
+            print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
     if emit is not None and result.best is not None:
         r = result.request
         print(exports.export(emit, result.best, r.model.layers, r.gbs, r.seq_len, r.precision))
     if not result.feasible:
         sys.exit(1)
+
+
+def _check_measure(opts: MeasureOptions) -> None:
+    # optuna and submitit take about a second to import: only a measured search pays for them.
+    from autoconfig.measure import session
+
+    session.check_options(opts)
 
 
 def _measure(result: SearchResult, model: str, gpu: str, opts: MeasureOptions) -> int:

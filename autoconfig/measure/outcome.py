@@ -67,7 +67,12 @@ def _metrics(cfg: TrainConfig, run_dir: Path) -> RunMetrics:
 
 
 # A rank that lost its peer says so; the peer's own message is the cause worth reporting.
-COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "wrote no result")
+COLLATERAL = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "wrote no result",
+    "KeyboardInterrupt",
+)
 
 
 def _first(message: str) -> str:
@@ -75,6 +80,13 @@ def _first(message: str) -> str:
     parts = [p.strip() for p in message.split("; ") if p.strip()]
     parts.sort(key=lambda p: any(c in p for c in COLLATERAL))
     return "; ".join(parts).splitlines()[0] if parts else ""
+
+
+def only_collateral(outcome: Outcome) -> bool:
+    """Whether every rank's failure is a lost peer or an interrupt: nothing the layout did."""
+    message = outcome.metrics.message if outcome.metrics else ""
+    parts = [p.strip() for p in message.split("; ") if p.strip()]
+    return bool(parts) and all(any(c in p for c in COLLATERAL) for p in parts)
 
 
 def _timing(run_dir: Path) -> list[dict]:

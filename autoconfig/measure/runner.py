@@ -12,18 +12,26 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState, create_trial
 
-from autoconfig import layout
-from autoconfig.errors import UserError
+from autoconfig import checks, layout
 from autoconfig.fileio import write_json
 from autoconfig.measure.candidates import PREDICTED, Candidates
 from autoconfig.measure.launcher import Job, Launcher, LaunchError
-from autoconfig.measure.outcome import Outcome, all_ranks_done, collect, finished_on_disk
+from autoconfig.measure.outcome import (
+    Outcome,
+    all_ranks_done,
+    collect,
+    finished_on_disk,
+    only_collateral,
+)
 from autoconfig.measure.sampler import distributions, taken_keys
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.vocab import FailureClass
 
 POLL_S = 0.1
 KILL_GRACE_S = 10.0
+MAX_TRIALS = 100_000
+MAX_MINUTES = 7 * 24 * 60.0  # a week: a trial limit beyond it is a typo
+STOPPED = "the search stopped while this trial ran; --resume re-runs its layout once"
 
 
 @dataclass
@@ -58,6 +66,11 @@ class Runner:
         self.study, self.candidates, self.launcher = study, candidates, launcher
         self.settings, self.out, self.progress = settings, Path(out), progress
         self.space = distributions(candidates.table)
+        self._keys = set(candidates.table["key"])
+        # Trial folders of a restarted study (study.py archives one that never succeeded) get
+        # a prefix, so they do not overwrite the earlier attempt's.
+        attempt = int(study.user_attrs.get("attempt", 0))
+        self.prefix = f"a{attempt}-" if attempt else ""
         self.flights: dict[int, Flight] = {}
         self.draining: list[tuple[Job, float]] = []  # finished jobs whose processes still exit
 
@@ -119,9 +132,7 @@ class Runner:
             return False
         trial = self.study.ask(self.space)
         key = layout.key(trial.params)
-        if key not in set(self.candidates.table["key"]) or key in taken_keys(
-            self.study, exclude=trial.number
-        ):
+        if key not in self._keys or key in taken_keys(self.study, exclude=trial.number):
             # Nothing untried was left to propose: close this trial without a run.
             self._tell(trial, Outcome(FailureClass.INVALID, "no untried candidate left"))
             return False
@@ -134,7 +145,7 @@ class Runner:
         cfg = self.candidates.config(key)
         if fault:
             cfg = cfg.model_copy(update={"fault": fault})
-        run_dir = self.out / "trials" / f"{trial.number:04d}"
+        run_dir = self.out / "trials" / f"{self.prefix}{trial.number:04d}"
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
         trial.set_user_attr("world", cfg.world)
@@ -242,41 +253,58 @@ class Runner:
 
     def recover(self) -> None:
         """Trials left running by a search that died: wait for live jobs, collect the ones
-        that finished meanwhile, re-queue the dead ones once."""
+        that finished meanwhile, mark the rest interrupted; then queue every interrupted layout
+        that is not measured, running or queued already, so each is re-run exactly once."""
         running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         for frozen in running:
             trial = optuna.trial.Trial(self.study, frozen._trial_id)
             attrs = frozen.user_attrs
-            job = self.launcher.reattach(attrs)
             key = attrs.get("key")
-            if job is not None and key:
-                cfg = self.candidates.config(key)
+            if key not in self._keys:  # killed before its layout was recorded
+                self._tell(trial, Outcome(FailureClass.INTERRUPTED, STOPPED))
+                continue
+            job = self.launcher.reattach(attrs)
+            cfg = self.candidates.config(key)
+            if job is not None:
                 self.flights[frozen.number] = Flight(trial, key, cfg, job, Path(attrs["run_dir"]))
                 self.progress.started(frozen.number, attrs.get("label", key) + " (still running)")
                 continue
-            if key and "run_dir" in attrs:
-                cfg = self.candidates.config(key)
-                run_dir = Path(attrs["run_dir"])
-                if finished_on_disk(run_dir, cfg.world):
-                    stub = Job(
-                        str(attrs.get("executor")),
-                        str(attrs.get("job_id", "")),
-                        run_dir / "submitit",
-                        float(attrs.get("submitted", time.time())),
-                    )
-                    self._tell(trial, collect(cfg, stub, run_dir, False, self.settings.timeout_s))
+            run_dir = Path(attrs.get("run_dir", ""))
+            if "run_dir" in attrs and finished_on_disk(run_dir, cfg.world):
+                stub = Job(
+                    str(attrs.get("executor")),
+                    str(attrs.get("job_id", "")),
+                    run_dir / "submitit",
+                    float(attrs.get("submitted", time.time())),
+                )
+                outcome = collect(cfg, stub, run_dir, False, self.settings.timeout_s)
+                if not (outcome.kind is FailureClass.CRASH and only_collateral(outcome)):
+                    self._tell(trial, outcome)
                     continue
-            stopped = "the search stopped while this trial ran"
-            self._tell(trial, Outcome(FailureClass.INTERRUPTED, stopped))
-            if frozen.params and "requeue_of" not in attrs:
+                # Every rank died of its peers' deaths: the search's own stop, not the layout.
+            self._tell(trial, Outcome(FailureClass.INTERRUPTED, STOPPED))
+        self.requeue_interrupted()
+
+    def requeue_interrupted(self) -> None:
+        """Queue each interrupted layout once, oldest first, unless something holds it."""
+        runnable = set(self.candidates.runnable()["key"])
+        for t in self.study.get_trials(deepcopy=False):
+            if t.user_attrs.get("failure_class") != FailureClass.INTERRUPTED.value:
+                continue
+            params = t.params or t.system_attrs.get("fixed_params", {})
+            if not all(d in params for d in layout.NAMES):
+                continue
+            key = layout.key(params)
+            if key in runnable and key not in taken_keys(self.study):
                 self.study.enqueue_trial(
-                    frozen.params, user_attrs={"source": "re-queued", "requeue_of": frozen.number}
+                    layout.plain(params), user_attrs={"source": "re-queued", "requeue_of": t.number}
                 )
 
     def record_refused_top(self, limit: int = 5) -> None:
         """Layouts predicted better than the best runnable one that the trainer cannot run:
         recorded as pruned (invalid) trials, so the report says why they were not measured."""
         table = self.candidates.table.sort_values("analytical_rank")
+        table = table[~table["key"].isin(taken_keys(self.study))]  # recorded by a run that died
         for _, row in table.iterrows():
             if not row["refused"]:
                 break
@@ -308,12 +336,11 @@ def _counted(kind: object) -> bool:
     return kind in FailureClass.values() and FailureClass(kind).counted
 
 
-def check_settings(s: Settings) -> None:
-    if s.trials < 1:
-        raise UserError(f"trials: must be a positive integer (got {s.trials})")
-    if s.parallel < 1:
-        raise UserError(f"parallel: must be a positive integer (got {s.parallel})")
-    if s.timeout_s <= 0:
-        raise UserError("trial-timeout-min: must be positive")
-    if s.budget_gpu_hours is not None and s.budget_gpu_hours <= 0:
-        raise UserError(f"budget-gpu-hours: must be positive (got {s.budget_gpu_hours})")
+def check_settings(s: Settings) -> Settings:
+    """The loop's settings, each checked (one line naming the flag)."""
+    s.trials = checks.integer(s.trials, "trials", 1, MAX_TRIALS)
+    s.parallel = checks.integer(s.parallel, "parallel", 1, MAX_TRIALS)
+    s.timeout_s = 60 * checks.number(s.timeout_s / 60, "trial-timeout-min", 0, MAX_MINUTES)
+    if s.budget_gpu_hours is not None:
+        s.budget_gpu_hours = checks.number(s.budget_gpu_hours, "budget-gpu-hours")
+    return s

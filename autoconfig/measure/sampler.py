@@ -16,6 +16,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from autoconfig import layout
+from autoconfig.vocab import FailureClass
 
 
 def distributions(table: pd.DataFrame) -> dict[str, BaseDistribution]:
@@ -27,11 +28,26 @@ def distributions(table: pd.DataFrame) -> dict[str, BaseDistribution]:
     return out
 
 
+def holds_layout(trial: FrozenTrial) -> bool:
+    """Whether a trial keeps its layout from being measured again: it is queued or running,
+    it finished with a class that used a run (ok, oom, timeout, crash, launch), or the trainer
+    refused its candidate. An interrupted trial gives its layout back (it is re-run once);
+    a trial closed for want of an untried candidate never had one."""
+    if not trial.state.is_finished() or trial.state == TrialState.COMPLETE:
+        return True
+    kind = trial.user_attrs.get("failure_class")
+    if kind not in FailureClass.values():
+        return False
+    if FailureClass(kind) is FailureClass.INVALID:
+        return "key" in trial.user_attrs  # a real candidate the trainer cannot run
+    return FailureClass(kind).counted
+
+
 def taken_keys(study: optuna.Study, exclude: int | None = None) -> set[str]:
-    """Keys of every trial that has its layout already (finished, running or queued)."""
+    """Keys of every layout already measured, being measured or queued (holds_layout)."""
     keys = set()
     for t in study.get_trials(deepcopy=False):
-        if t.number == exclude:
+        if t.number == exclude or not holds_layout(t):
             continue
         params = t.params if t.params else t.system_attrs.get("fixed_params", {})
         if all(d in params for d in layout.NAMES):

@@ -5,7 +5,11 @@ touched."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,16 +17,25 @@ import optuna
 import pandas as pd
 from rich.console import Console
 
-from autoconfig import machine
+from autoconfig import checks, machine
 from autoconfig.errors import UserError
+from autoconfig.folderlock import folder_lock
 from autoconfig.measure import candidates as cand
 from autoconfig.measure import summary
 from autoconfig.measure.launcher import Launcher, SlurmOptions
 from autoconfig.measure.progress import Progress
 from autoconfig.measure.result import MeasuredSearch
-from autoconfig.measure.runner import Runner, Settings, check_settings
+from autoconfig.measure.runner import MAX_MINUTES, Runner, Settings, check_settings
 from autoconfig.measure.sampler import CandidateSampler
-from autoconfig.measure.study import enqueue_top, open_storage, open_study, storage_url
+from autoconfig.measure.study import (
+    ENDED,
+    STUDY_FILE,
+    enqueue_top,
+    masked,
+    open_storage,
+    open_study,
+    storage_url,
+)
 from autoconfig.training.result import SearchResult
 from autoconfig.vocab import Executor, Sampler
 
@@ -55,14 +68,27 @@ def resolve_device(device: str) -> str:
     return machine.resolve(device).value
 
 
+MAX_STEPS = 1_000_000
+MAX_CANDIDATES = 1_000_000
+
+
 def check_options(opts: MeasureOptions) -> Settings:
-    """Every option check that can refuse the request, before anything is built."""
+    """Every option check that can refuse the request, before anything is built or touched."""
     Sampler.parse(opts.sampler, "sampler")
     Executor.parse(opts.executor, "executor")
-    if opts.top_k < 0:
-        raise UserError(f"enqueue-top: must be 0 or more (got {opts.top_k})")
-    if opts.candidates < 1:
-        raise UserError(f"candidates: must be a positive integer (got {opts.candidates})")
+    opts.steps = checks.integer(opts.steps, "steps", 1, MAX_STEPS)
+    opts.warmup = checks.integer(opts.warmup, "warmup", 0, MAX_STEPS)
+    if opts.warmup >= opts.steps:
+        raise UserError(
+            f"warmup: {opts.warmup} steps leave none of the {opts.steps} to time; "
+            f"use fewer than --steps"
+        )
+    opts.top_k = checks.integer(opts.top_k, "enqueue-top", 0, MAX_CANDIDATES)
+    opts.candidates = checks.integer(opts.candidates, "candidates", 1, MAX_CANDIDATES)
+    opts.seed = checks.integer(opts.seed, "seed", 0, 2**32 - 1)
+    if opts.trial_memory_gb is not None:
+        opts.trial_memory_gb = checks.number(opts.trial_memory_gb, "trial-memory-gb", 0, 2**20)
+    opts.timeout_min = checks.number(opts.timeout_min, "trial-timeout-min", 0, MAX_MINUTES)
     settings = Settings(
         trials=opts.trials,
         parallel=opts.parallel,
@@ -70,8 +96,7 @@ def check_options(opts: MeasureOptions) -> Settings:
         timeout_s=opts.timeout_min * 60,
         faults=faults_from_env(),
     )
-    check_settings(settings)
-    return settings
+    return check_settings(settings)
 
 
 def trial_overrides(opts: MeasureOptions, device: str, gpu: str) -> dict[str, object]:
@@ -105,31 +130,59 @@ def measure(
     if worlds:
         launcher.preflight(worlds)
     url = storage_url(opts.out, opts.storage)
-    if opts.storage is None:
-        opts.out.mkdir(parents=True, exist_ok=True)
-    storage = open_storage(url)
+    if opts.resume and opts.storage is None and not (opts.out / STUDY_FILE).exists():
+        raise UserError(f"resume: no measured search in {opts.out} to resume")  # nothing made
     fingerprint = {**fingerprint, "space": table.fingerprint(), "steps": opts.steps}
     fingerprint["device"] = device
     sampler = CandidateSampler(table.table, opts.sampler, opts.seed, startup=max(opts.top_k, 1))
-    study = open_study(storage, fingerprint, opts.resume, sampler, str(opts.out))
     console = Console(stderr=True)
-    with Progress(console) as progress:
-        runner = Runner(study, table, launcher, settings, opts.out, progress)
-        if not opts.resume:
-            runner.record_refused_top()
-            queued = enqueue_top(study, table, min(opts.top_k, opts.trials))
-            console.print(
-                f"measuring up to {opts.trials} of {len(runnable)} runnable {what} "
-                f"({opts.executor}, {device}); analytical top {len(queued)} first, then "
-                f"{opts.sampler}; study in {url}",
-                highlight=False,
-            )
-        else:
-            done = len(runner.finished())
-            console.print(f"resuming: {done} finished trial(s) kept", highlight=False)
-        runner.run()
-    trials = summary.trials_frame(study)
+    with folder_lock(opts.out), stop_on_sigterm():
+        study = open_study(open_storage(url), fingerprint, opts.resume, sampler, str(opts.out))
+        with Progress(console) as progress:
+            runner = Runner(study, table, launcher, settings, opts.out, progress)
+            if not seeded(study):  # a new study (or one whose first run died starting)
+                runner.record_refused_top()
+                queued = enqueue_top(study, table, min(opts.top_k, opts.trials))
+                study.set_user_attr("seeded", True)
+                console.print(
+                    f"measuring up to {opts.trials} of {len(runnable)} runnable {what} "
+                    f"({opts.executor}, {device}); analytical top {len(queued)} first, then "
+                    f"{opts.sampler}; study in {masked(url)}",
+                    highlight=False,
+                )
+            else:
+                done = len(runner.finished())
+                console.print(f"resuming: {done} finished trial(s) kept", highlight=False)
+            study.set_user_attr(ENDED, False)
+            runner.run()
+            study.set_user_attr(ENDED, True)
+        trials = summary.trials_frame(study)
     return trials, summary.ranking(table, trials), study
+
+
+def seeded(study: optuna.Study) -> bool:
+    """Whether the study's first trials (refused top layouts, analytical top-k) are in."""
+    return bool(study.user_attrs.get("seeded")) or any(
+        t.user_attrs.get("source") == "analytical top-k" for t in study.get_trials(deepcopy=False)
+    )
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM (a scheduler ending the search's own job, `kill`) stops the search as Ctrl-C
+    does: local trials are killed, the study keeps everything, --resume goes on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(result: SearchResult, model: str, gpu: str, opts: MeasureOptions) -> MeasuredSearch:

@@ -4,21 +4,53 @@ on --resume), and the analytical top-k queued first."""
 from __future__ import annotations
 
 import logging
+import re
+import sys
+from collections import Counter
 from pathlib import Path
+from urllib.parse import unquote
 
 import optuna
 from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
 
 from autoconfig import layout
 from autoconfig.errors import UserError
 from autoconfig.measure.candidates import Candidates
-from autoconfig.measure.sampler import CandidateSampler
+from autoconfig.measure.sampler import CandidateSampler, taken_keys
 
 STUDY_NAME = "autoconfig"
+STUDY_FILE = "study.db"  # the default storage, in --out
+ENDED = "ended"  # study attribute: the last run finished its loop (not killed)
 
 
 def storage_url(out: Path, storage: str | None) -> str:
-    return storage or f"sqlite:///{Path(out).resolve() / 'study.db'}"
+    return storage or f"sqlite:///{Path(out).resolve() / STUDY_FILE}"
+
+
+# user:password@ in a URL, and password-like query parameters (?password=..., &sslkey=...).
+_USERINFO = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<secret>[^/@\s]+)@")
+_QUERY = re.compile(r"(?P<head>[?&](?:password|passwd|pwd|token|secret|sslpassword)=)[^&\s]+", re.I)
+
+
+def masked(url: str) -> str:
+    """The URL with its password (and password-like query parameters) replaced by ***."""
+    url = _USERINFO.sub(lambda m: m["head"] + "***@", url)
+    return _QUERY.sub(lambda m: m["head"] + "***", url)
+
+
+def _secrets(url: str) -> list[str]:
+    found = [m["secret"] for m in _USERINFO.finditer(url)]
+    found += [m.group(0).split("=", 1)[1] for m in _QUERY.finditer(url)]
+    return [s for s in found if s]
+
+
+def hide_secrets(text: str, url: str) -> str:
+    """`text` (a driver's message, say) with the URL's secrets replaced by ***."""
+    for secret in sorted(_secrets(url), key=len, reverse=True):
+        text = text.replace(secret, "***")
+        text = text.replace(unquote(secret), "***")
+    return text
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -28,8 +60,8 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             return optuna.storages.JournalStorage(JournalFileBackend(url))
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
     except Exception as exc:  # any driver's error: the URL is the user's input
-        reason = " ".join(str(exc).split())[:200]
-        raise UserError(f"storage: cannot open '{url}' ({reason})") from None
+        reason = hide_secrets(" ".join(str(exc).split())[:200], url)
+        raise UserError(f"storage: cannot open '{masked(url)}' ({reason})") from None
 
 
 def exists(storage: optuna.storages.BaseStorage) -> bool:
@@ -44,19 +76,30 @@ def open_study(
     where: str,
 ) -> optuna.Study:
     """The study: a new one, or with --resume the existing one, after checking it searches the
-    same thing. Nothing is written before the checks pass."""
+    same thing. Nothing is written before the checks pass. A study that ended without one
+    successful trial does not block a fresh search (with corrected flags, say): it is kept under
+    another name and the search starts over."""
     optuna.logging.set_verbosity(logging.WARNING)
     found = exists(storage)
+    attempt = 0
     if found and not resume:
-        raise UserError(
-            f"out: {where} already holds a measured search; add --resume to continue it or "
-            "choose another --out"
-        )
+        old = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+        succeeded = old.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if succeeded or not old.user_attrs.get(ENDED):  # results, or a run that may go on
+            raise UserError(
+                f"out: {where} already holds a measured search; add --resume to continue it or "
+                "choose another --out"
+            )
+        attempt = archive(storage, old, where)
+        found = False
     if resume and not found:
         raise UserError(f"resume: no measured search in {where} to resume")
     if found:
         study = optuna.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler)
-        before = study.user_attrs.get("fingerprint", {})
+        before = study.user_attrs.get("fingerprint")
+        if before is None:  # the first run died between creating the study and describing it
+            study.set_user_attr("fingerprint", fingerprint)
+            return study
         differ = [k for k in fingerprint if before.get(k) != fingerprint[k]]
         if differ:
             what = ", ".join(f"{k} {before.get(k)!r} (now {fingerprint[k]!r})" for k in differ)
@@ -65,13 +108,42 @@ def open_study(
     study = optuna.create_study(
         study_name=STUDY_NAME, storage=storage, sampler=sampler, direction="maximize"
     )
+    if attempt:
+        study.set_user_attr("attempt", attempt)
     study.set_user_attr("fingerprint", fingerprint)
     return study
 
 
+def archive(storage: optuna.storages.BaseStorage, old: optuna.Study, where: str) -> int:
+    """Keep a study that never succeeded as `autoconfig-attempt-N` in the same storage (its
+    trials and run folders stay as they are); returns N, the new study's attempt number."""
+    names = {s.study_name for s in storage.get_all_studies()}
+    attempt = int(old.user_attrs.get("attempt", 0)) + 1
+    while f"{STUDY_NAME}-attempt-{attempt}" in names:
+        attempt += 1
+    name = f"{STUDY_NAME}-attempt-{attempt}"
+    optuna.copy_study(
+        from_study_name=STUDY_NAME, from_storage=storage, to_storage=storage, to_study_name=name
+    )
+    optuna.delete_study(study_name=STUDY_NAME, storage=storage)
+    counts = Counter(
+        t.user_attrs.get("failure_class", t.state.name.lower())
+        for t in old.get_trials(deepcopy=False)
+    )
+    tally = ", ".join(f"{n} {c}" for c, n in counts.items()) or "no trials"
+    print(
+        f"note: {where} held a measured search in which no trial succeeded ({tally}); "
+        f"kept as study '{name}', starting over",
+        file=sys.stderr,
+    )
+    return attempt
+
+
 def enqueue_top(study: optuna.Study, candidates: Candidates, k: int) -> list[str]:
     """Queue the k best predicted layouts the trainer can run: the first trials measured."""
+    taken = taken_keys(study)
     top = candidates.runnable().sort_values("analytical_rank").head(k)
+    top = top[~top["key"].isin(taken)]
     for _, row in top.iterrows():
         study.enqueue_trial(layout.plain(row), user_attrs={"source": "analytical top-k"})
     return top["key"].tolist()

@@ -13,6 +13,25 @@ from optuna.trial import TrialState
 from autoconfig.measure.candidates import Candidates
 from autoconfig.vocab import FailureClass
 
+COLUMNS = [
+    "trial",
+    "state",
+    "class",
+    "key",
+    "layout",
+    "source",
+    "analytical_rank",
+    "pred_tokens_per_s_per_gpu",
+    "measured_tokens_per_s_per_gpu",
+    "error_pct",
+    "pred_peak_mem_gb",
+    "measured_peak_mem_gb",
+    "wall_s",
+    "overhead_s",
+    "reason",
+    "run_dir",
+]
+
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per trial with its layout, state, class, reason and figures (trials.csv)."""
@@ -45,7 +64,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
                 "run_dir": a.get("run_dir", ""),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _error(pred: float | None, measured: float | None) -> float | None:
@@ -58,17 +77,15 @@ def ranking(candidates: Candidates, trials: pd.DataFrame) -> pd.DataFrame:
     """Every candidate, best first by measured-else-scaled-predicted throughput."""
     table = candidates.table[["key", "label", "analytical_rank", "pred_tokens_per_s_per_gpu"]]
     table = table.copy()
-    last = trials.drop_duplicates("key", keep="last").set_index("key") if len(trials) else None
-    table["class"] = ""
-    table["measured_tokens_per_s_per_gpu"] = float("nan")
-    table["reason"] = ""
-    if last is not None:
-        known = table["key"].isin(last.index)
-        table.loc[known, "class"] = table.loc[known, "key"].map(last["class"])
-        table.loc[known, "measured_tokens_per_s_per_gpu"] = table.loc[known, "key"].map(
-            last["measured_tokens_per_s_per_gpu"]
-        )
-        table.loc[known, "reason"] = table.loc[known, "key"].map(last["reason"])
+    # A layout's verdict is its last trial that says something: an interrupted trial (re-run
+    # later) or a running one does not hide a finished result.
+    said = trials[~trials["class"].isin(["", "running", FailureClass.INTERRUPTED.value])]
+    last = said.drop_duplicates("key", keep="last").set_index("key")
+    table["class"] = table["key"].map(last["class"]).fillna("").astype(str)
+    table["measured_tokens_per_s_per_gpu"] = pd.to_numeric(
+        table["key"].map(last["measured_tokens_per_s_per_gpu"]), errors="coerce"
+    ).astype(float)
+    table["reason"] = table["key"].map(last["reason"]).fillna("").astype(str)
     measured = table["measured_tokens_per_s_per_gpu"].notna()
     ratios = (
         table.loc[measured, "measured_tokens_per_s_per_gpu"]

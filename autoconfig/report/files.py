@@ -1,14 +1,17 @@
 """Search outputs on disk: results.csv (every evaluated candidate), best.json, report.html and,
-after a measured search, trials.csv and measured.csv; each written whole or not at all."""
+after a measured search, trials.csv and measured.csv; written as one set (fileio.write_set)
+under the folder's lock, so a killed run leaves the old set or the new one."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from autoconfig.fileio import write_json, write_text
+from autoconfig.fileio import csv_text, write_set, write_text
+from autoconfig.folderlock import folder_lock
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.report import html
 from autoconfig.training.result import SearchResult
@@ -25,26 +28,40 @@ def plain_row(row: pd.Series | None) -> dict | None:
     }
 
 
+def json_text(data: object) -> str:
+    return json.dumps(data, indent=2, default=str)
+
+
+def write_report(out: Path, files: dict[str, str]) -> None:
+    """A report set (file name -> text) into `out`, whole, under the folder's lock."""
+    with folder_lock(out):
+        write_set(out, files)
+
+
+def measured_files(measured: MeasuredSearch) -> dict[str, str]:
+    """trials.csv (every trial) and measured.csv (measured where measured, else predicted)."""
+    return {"trials.csv": csv_text(measured.trials), "measured.csv": csv_text(measured.ranking)}
+
+
 def write_search(result: SearchResult, out: Path, measured: MeasuredSearch | None = None) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "results.csv", result.table.to_csv(index=False))
     payload = {"inputs": result.context(), "best": plain_row(result.best), "advice": result.advice}
-    write_json(out / "best.json", payload)
-    write_text(out / "report.html", html.render(result, measured=measured))
     if measured is not None:
-        write_measured(out, measured)
-
-
-def write_measured(out: Path, measured: MeasuredSearch) -> None:
-    write_text(out / "trials.csv", measured.trials.to_csv(index=False))
-    write_text(out / "measured.csv", measured.ranking.to_csv(index=False))
+        payload["measured"] = measured.summary()
+    files = {
+        "results.csv": csv_text(result.table),
+        "best.json": json_text(payload),
+        "report.html": html.render(result, measured=measured),
+    }
+    if measured is not None:
+        files.update(measured_files(measured))
+    write_report(out, files)
 
 
 def write_batch(result: pd.DataFrame, out: Path | None) -> None:
     """A batch estimate's table: to stdout, or whole to a file with a line on stderr."""
     bad = int((result["error"] != "").sum())
     if out is None:
-        result.to_csv(sys.stdout, index=False)
+        sys.stdout.write(csv_text(result))
     else:
-        write_text(out, result.to_csv(index=False))
+        write_text(out, csv_text(result))
         print(f"wrote {len(result)} rows to {out} ({bad} with an error)", file=sys.stderr)

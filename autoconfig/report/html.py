@@ -115,6 +115,9 @@ def _measured_section(search: MeasuredSearch) -> tuple[str, list[go.Figure]]:
         "median measured/predicted ratio). Failed trials are listed with their class and "
         "reason.</p>" + table
     )
+    if search.diagnosis():  # nothing succeeded: say why, by class, and what came closest
+        lines = "<br>".join(html.escape(line.strip()) for line in search.diagnosis())
+        text += f"<p class='note'><b>{lines}</b></p>"
     fig = go.Figure()
     if len(done):
         fig.add_trace(

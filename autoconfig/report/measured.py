@@ -49,6 +49,7 @@ def measured_view(search: MeasuredSearch, top: int) -> Group:
         lines.append(
             f"[yellow]{f['class']}[/yellow] {where} {escape(f['layout'])}: {escape(f['reason'])}"
         )
+    lines += [f"[red]{escape(line)}[/red]" for line in search.diagnosis()]
     return Group(*lines)
 
 

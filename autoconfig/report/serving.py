@@ -15,9 +15,9 @@ from rich.console import Group
 from rich.table import Table
 
 from autoconfig import resources
-from autoconfig.fileio import write_json, write_text
+from autoconfig.fileio import csv_text
 from autoconfig.measure.result import MeasuredSearch
-from autoconfig.report.files import plain_row, write_measured
+from autoconfig.report.files import json_text, measured_files, plain_row, write_report
 from autoconfig.report.html import STYLE, _table
 from autoconfig.serve.result import ServingResult
 from autoconfig.serve.search import pareto_front
@@ -405,10 +405,12 @@ def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | N
 def write(result: ServingResult, folder: Path, measured: MeasuredSearch | None = None) -> None:
     """results.csv (every candidate), best.json and report.html; with a measured search also
     trials.csv (every trial) and measured.csv (measured where measured, else predicted)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    write_text(folder / "results.csv", result.table.to_csv(index=False))
-    write_json(folder / "best.json", {"inputs": result.context(), "best": plain_row(result.best)})
     trials = measured.trials if measured is not None else None
-    write_text(folder / "report.html", render(result, trials=trials))
+    files = {
+        "results.csv": csv_text(result.table),
+        "best.json": json_text({"inputs": result.context(), "best": plain_row(result.best)}),
+        "report.html": render(result, trials=trials),
+    }
     if measured is not None:
-        write_measured(folder, measured)
+        files.update(measured_files(measured))
+    write_report(folder, files)  # one set: a killed run leaves the old files or the new

@@ -128,6 +128,7 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
         err.add(bad, f"{name}: {rule}")
     context = num["max_seq_len"]
     total = serving["input_len"] + serving["output_len"]
+    total = total.where(np.isfinite(total))  # an infinite length is its cell's error already
     over = context.notna() & (total > context)
     err.add(
         over,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoconfig.errors import UserError
+from autoconfig import checks
 from autoconfig.serve.workload import Workload
 from autoconfig.specs import ModelSpec
 
@@ -25,9 +25,8 @@ class Budget:
 
     def check(self) -> None:
         for name, value in self.__dict__.items():
-            if value is not None and not value > 0:
-                flag = name.replace("_", "-")
-                raise UserError(f"{flag}: must be a positive number (got {value:g})")
+            if value is not None:
+                checks.number(value, name.replace("_", "-"))
 
     def limits(self) -> list[tuple[str, str, float, str]]:
         """(column, label, limit, 'max' | 'min') of every bound that is set."""

@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autoconfig import catalog
+from autoconfig import catalog, checks
 from autoconfig.columns import serving_inputs
 from autoconfig.cost.inference import evaluate_serving
 from autoconfig.errors import UserError
+from autoconfig.intmath import divisors
 from autoconfig.serve.request import Budget, Request
 from autoconfig.serve.result import ServingResult
 from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
@@ -19,14 +20,12 @@ from autoconfig.vocab import KvPrecision, Objective, ServePrecision
 
 def _check(req: Request, spec: ModelSpec) -> None:
     for name in ("gpus", "input_len", "output_len", "max_batch"):
-        value = getattr(req, name)
-        if value < 1:
-            raise UserError(f"{name.replace('_', '-')}: must be a positive integer (got {value})")
+        checks.integer(getattr(req, name), name.replace("_", "-"))
     ServePrecision.parse(req.precision, "precision")
     KvPrecision.parse(req.kv_precision, "kv-precision")
     Objective.parse(req.objective, "objective")
-    if req.batches is not None and any(b < 1 for b in req.batches):
-        raise UserError("batch: batch sizes must be positive integers")
+    for b in req.batches or ():
+        checks.integer(b, "batch")
     req.budget.check()
     context = spec.max_seq_len or spec.seq_len
     if req.input_len + req.output_len > context:
@@ -43,8 +42,8 @@ def tp_degrees(spec: ModelSpec, limit: int, node: int, across: bool) -> list[int
     """TP degrees the heads allow: dividing the query heads, and dividing the K/V heads or
     a multiple of them (K/V heads are then replicated)."""
     out = []
-    for tp in range(1, limit + 1):
-        if spec.heads % tp or (spec.kv % tp and tp % spec.kv):
+    for tp in divisors(spec.heads, limit):  # tp divides the heads: no need to walk to `limit`
+        if spec.kv % tp and tp % spec.kv:
             continue
         if tp > node and not across:
             continue
@@ -103,9 +102,8 @@ def _layouts(req: Request, spec: ModelSpec, node: int) -> list[tuple[int, int]]:
     for tp in tp_degrees(spec, req.gpus, node, req.allow_tp_across_nodes):
         if req.gpus % tp:
             continue
-        for pp in range(1, min(req.gpus // tp, spec.layers) + 1):
-            if (req.gpus // tp) % pp == 0:
-                out.append((tp, pp))
+        for pp in divisors(req.gpus // tp, spec.layers):
+            out.append((tp, pp))
     return out
 
 
@@ -114,7 +112,7 @@ def min_gpus(req: Request, spec: ModelSpec, node: int) -> tuple[int, str] | None
     layouts = [
         (tp, pp)
         for tp in tp_degrees(spec, 4 * node, node, True)
-        for pp in range(1, spec.layers + 1)
+        for pp in range(1, min(spec.layers, 4 * node) + 1)  # up to 4 nodes, as the message says
     ]
     gpu = catalog.get_gpu(req.gpu)
     pred = predict(req, spec, (gpu, catalog.cluster_for(gpu, req.gpus_per_node)), layouts, [1])

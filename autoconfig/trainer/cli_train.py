@@ -9,11 +9,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autoconfig import catalog
+from autoconfig import catalog, machine
 from autoconfig.errors import UserError
 from autoconfig.trainer.config import load_config, make_config
+from autoconfig.trainer.hostmem import check_fits
 from autoconfig.trainer.launch import launch_local
 from autoconfig.trainer.metrics import RunMetrics
+from autoconfig.vocab import Device
 
 
 def run(config: Path | None, fields: dict, nproc: int | None, out: Path | None) -> int:
@@ -31,6 +33,8 @@ def run(config: Path | None, fields: dict, nproc: int | None, out: Path | None) 
         cfg = make_config(**given)
     if cfg.gpu:
         catalog.get_gpu(cfg.gpu)
+    if machine.resolve(cfg.device) is Device.CPU:
+        check_fits(cfg)  # before the ranks allocate: one line, not the OOM killer
     out = out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     console = Console(stderr=True)
     console.print(f"[dim]training on {cfg.world} rank(s), results in {out}[/dim]")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from autoconfig import catalog, layout
+from autoconfig import catalog, checks, layout
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.layout import Layout
 from autoconfig.specs import ModelSpec
@@ -95,7 +95,8 @@ class TrainConfig(Layout):
             update["layers"] = self.layers
         if self.seq_len is not None:
             update["seq_len"] = self.seq_len
-            update["max_seq_len"] = max(base.max_seq_len, self.seq_len)
+            if base.max_seq_len is not None:  # a model without a stated context has none
+                update["max_seq_len"] = max(base.max_seq_len, self.seq_len)
         return base.model_copy(update=update)
 
     def trained_spec(self) -> ModelSpec:
@@ -164,8 +165,8 @@ class TrainConfig(Layout):
                 f"{self.tp}*{self.pp}*{dp}*{self.cp} = {self.tp * self.pp * dp * self.cp}",
             ),
             (spec.heads % self.tp != 0, f"tp: {self.tp} does not divide heads ({spec.heads})"),
-            (
-                spec.kv % self.tp != 0,
+            (  # a slice holds one rank's shapes: one replicated KV head when tp > kv_heads
+                spec.kv % self.tp != 0 and not self.slice,
                 f"tp: {self.tp} does not divide kv_heads ({spec.kv}); the bundled trainer "
                 "does not replicate KV heads",
             ),
@@ -257,11 +258,11 @@ class TrainConfig(Layout):
 def load_config(path: Path) -> TrainConfig:
     """A TrainConfig from a JSON file (the measured search writes these)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"config: no such file {path}") from None
+        data = json.loads(checks.text_file(path, "config"))
     except json.JSONDecodeError as exc:
         raise UserError(f"config: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config: {path} must hold a JSON object of fields")
     return make_config(**data)
 
 

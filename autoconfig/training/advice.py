@@ -58,3 +58,27 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
             verdict = "fits" if peak <= best["mem_limit_gb"] else "still too big"
             lines.append(f"  with {label}: {peak:.1f} GiB ({verdict})")
     return lines
+
+
+def fixed_values_missing(table: pd.DataFrame, request: SearchRequest) -> list[str]:
+    """Lines for each --fix value no evaluated layout has, and why: not among the space's
+    values, or every layout with it broke a divisibility rule."""
+    lines = []
+    for name, value in request.constraints.fixed.items():
+        plain = layout.BY_NAME[name].plain(value)
+        if (table[name] == plain).any():
+            continue
+        tried = getattr(request.space, name, None)
+        tried_plain = [layout.BY_NAME[name].plain(v) for v in tried] if tried else []
+        if tried is not None and plain not in tried_plain:
+            listed = ", ".join(str(v) for v in tried_plain)
+            lines.append(
+                f"fix: {name}={plain} is not among the space's {name} values ({listed}); "
+                f"add it with --space"
+            )
+        else:
+            lines.append(
+                f"fix: no layout with {name}={plain} passes the layout rules for "
+                f"{request.model.name} on {request.gpus} GPUs (see the divisibility counts)"
+            )
+    return lines

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from autoconfig import catalog, frameworks, layout
+from autoconfig import catalog, checks, frameworks, layout
 from autoconfig.columns import Hardware, training_inputs
 from autoconfig.errors import UserError
 from autoconfig.specs import ModelSpec, SearchSpace
-from autoconfig.training.advice import closest_fix
+from autoconfig.training.advice import closest_fix, fixed_values_missing
 from autoconfig.training.rank import Constraints, explain_winner, rank
 from autoconfig.training.result import SearchRequest, SearchResult
 from autoconfig.training.space import enumerate_candidates, load_space
@@ -49,13 +49,20 @@ def make_request(
     framework: str = "megatron",
 ) -> SearchRequest:
     """The request with every default resolved; bad input is one UserError line."""
+    gpus = checks.integer(gpus, "gpus")
+    seq_len = None if seq_len is None else checks.integer(seq_len, "seq-len")
+    gbs = None if gbs is None else checks.integer(gbs, "gbs")
+    memory_headroom = checks.fraction(memory_headroom, "memory-headroom")
+    if max_memory_gb is not None:
+        max_memory_gb = checks.number(max_memory_gb, "max-memory-gb")
+    for name, bound in (("max-tp", max_tp), ("max-pp", max_pp), ("min-dp", min_dp)):
+        if bound is not None:
+            checks.integer(bound, name)
+    if gpus_per_node is not None:
+        gpus_per_node = checks.integer(gpus_per_node, "gpus-per-node")
     spec = catalog.get_model(model) if isinstance(model, str) else model
     fw = catalog.get_framework(framework)
     gpu_spec = catalog.get_gpu(gpu)
-    if gpus < 1:
-        raise UserError(f"gpus: must be a positive integer (got {gpus})")
-    if not 0 <= memory_headroom < 1:
-        raise UserError(f"memory-headroom: must be a fraction in [0, 1) (got {memory_headroom})")
     precision = Precision.parse(precision, "precision").value
     if not gpu_spec.supports(precision):
         raise UserError(f"precision: {gpu_spec.name} has no {precision} tensor cores")
@@ -138,7 +145,10 @@ def run(req: SearchRequest) -> SearchResult:
     result = evaluate_all(req)
     if result.feasible:
         return result
-    advice = closest_fix(result.table, req)
+    advice = fixed_values_missing(result.table, req) + closest_fix(result.table, req)
+    if not result.table["pruned"].str.startswith("memory").any():
+        result.advice = advice  # constraints, not memory: more GPUs would not help
+        return result
     for factor in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
         more = req.gpus * factor
         batch = req.gbs if not req.gbs_chosen else default_gbs(req.model, req.seq_len, more)

@@ -1,0 +1,73 @@
+"""Every catalog model trains for two steps on this machine's CPU with two layers at sequence 128
+(`autoconfig train --model M --layers 2 --seq-len 128 --device cpu`, in-process), and a run that
+cannot fit the machine's memory is refused in one line that names the slice that would.
+
+A model whose two full-width layers the cost model predicts above BUDGET_GB runs as one tensor-
+parallel rank's shapes (`--slice --tp T`, T the largest the heads allow, at most about 4 GiB):
+llama3-405b's two full layers need about 213 GiB with fp32 Adam, far beyond a CI machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoconfig import catalog
+from autoconfig.cli.app import execute
+from autoconfig.errors import UserError
+from autoconfig.intmath import divisors
+from autoconfig.trainer.config import make_config
+from autoconfig.trainer.hostmem import check_fits, need_gb
+
+BUDGET_GB = 2.0  # predicted memory of a full-width run: keeps the walk to minutes on 2 cores
+RUN = {"layers": 2, "seq_len": 128, "device": "cpu", "steps": 2, "warmup": 1}
+
+
+def _models() -> list[str]:
+    unique = {id(m): m.name for m in catalog.models().values()}
+    return sorted(unique.values())
+
+
+def _flags(name: str) -> list[str]:
+    """Full width when it fits the budget, else the smallest slice the trainer runs."""
+    if need_gb(make_config(model=name, **RUN)) <= BUDGET_GB:
+        return []
+    for tp in reversed(divisors(catalog.get_model(name).heads)):
+        try:
+            make_config(model=name, slice=True, tp=tp, **RUN)
+        except UserError:
+            continue
+        return ["--slice", "--tp", str(tp)]
+    raise AssertionError(f"{name}: the trainer runs no slice of it")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _models())
+def test_every_catalog_model_trains_two_layers_on_cpu(name: str, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--model", name, "--layers", "2", "--seq-len", "128", "--device", "cpu"]
+    args += ["--steps", "2", "--warmup", "1", "--out", str(out), *_flags(name)]
+    code = execute(args)
+    said = capsys.readouterr()
+    assert code == 0, said.err[-2000:] + said.out[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["status"] == "ok"
+    assert metrics["tokens_per_s_per_gpu"] > 0
+    assert len(metrics["losses"]) == 2 and all(loss > 0 for loss in metrics["losses"])
+
+
+def test_a_cpu_run_beyond_this_machine_is_one_line_naming_a_slice_that_fits() -> None:
+    cfg = make_config(model="llama3-405b", **RUN)
+    with pytest.raises(UserError, match=r"needs about 213\.\d GiB.*--slice --tp \d+") as err:
+        check_fits(cfg, available=16.0)
+    assert "\n" not in str(err.value)
+    check_fits(make_config(model="tiny-llama", **RUN), available=16.0)  # fits: no error
+
+
+def test_catalog_models_without_a_stated_context_take_a_sequence_length() -> None:
+    # gpt3-* and megatron-gpt-* state no max_position_embeddings: seq_len must not compare
+    # an int with None (it raised TypeError for 22 of the 33 catalog models).
+    stated_none = [n for n in _models() if catalog.get_model(n).max_seq_len is None]
+    assert len(stated_none) >= 20
+    for name in stated_none:
+        assert make_config(model=name, **RUN).spec().seq_len == 128
