@@ -58,7 +58,8 @@ STATS = {"invocations": 0, "seconds": 0.0, "by_code": {0: 0, 1: 0, 2: 0}, "by_co
 EDGE_INTS = ["0", "-1", "-5", "16777216", "16777217", "9007199254740993", "10" * 15]
 BAD_NUMBERS = ["nan", "inf", "-inf", "1e400", "abc", "", " ", "0x10", "1_0", "1e3", "2.5", "٣"]
 REFUSED_INTS = ["-1", "16777217", "9007199254740993", "10" * 15, "nan", "inf", "abc", "", "2.5"]
-NAN_OR_NEGATIVE = re.compile(r"(?i)(?<![\w.])(nan|-?inf)(?![\w])|(?<![\w.%+\-/])-\d")
+# A NaN, an infinity or a negative figure; a signed percentage ("vs 371 (-13%)") is a change.
+NAN_OR_NEGATIVE = re.compile(r"(?i)(?<![\w.])(nan|-?inf)(?![\w])|(?<![\w.%+\-/])-\d(?![\d.,]*%)")
 
 
 RUNS = "model,layers,hidden,heads,vocab,gpu,num_gpus,tp,pp,gbs,seq_len"

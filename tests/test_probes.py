@@ -368,3 +368,21 @@ def test_a_measured_search_where_every_trial_crashes_reports_and_can_be_rerun(
     trials = pd.read_csv(out / "trials.csv")
     assert trials["class"].tolist() == ["crash", "crash", "ok"]
     assert trials["key"].is_unique
+
+
+@pytest.mark.parametrize(("layers", "pp", "last"), [(8, 6, 3), (8, 3, 2), (10, 4, 1), (7, 7, 1)])
+def test_megatron_uneven_last_stage_is_a_positive_split(layers, pp, last) -> None:
+    from autoconfig.report.exports import _last_stage_layers
+
+    assert _last_stage_layers(layers, pp) == last
+    assert (layers - last) % (pp - 1) == 0 and (layers - last) // (pp - 1) >= 1
+
+
+def test_search_emits_no_negative_layer_count(capsys) -> None:
+    # Found by the CLI fuzz: tiny-gpt's 8 layers on 6 stages emitted
+    # --decoder-last-pipeline-num-layers -2.
+    argv = ["search", "--model", "tiny-gpt", "--gpus", "6", "--emit", "megatron", "--gbs", "1"]
+    assert execute([*argv, "--memory-headroom", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "--pipeline-model-parallel-size 6" in printed
+    assert "--decoder-last-pipeline-num-layers 3" in printed

@@ -65,7 +65,7 @@ def context(row: Mapping[str, Any], layers: int, gbs: int, seq_len: int, precisi
     c: dict[str, Any] = {**layout.plain(row), "layers": layers, "gbs": gbs, "seq_len": seq_len}
     pp, vp, dp, mbs = c["pp"], c["vp"], c["dp"], c["mbs"]
     uneven = pp > 1 and layers % pp
-    c["uneven_last_stage_layers"] = layers - (pp - 1) * -(-layers // pp) if uneven else None
+    c["uneven_last_stage_layers"] = _last_stage_layers(layers, pp) if uneven else None
     c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 else None
     c["pipeline_schedule"] = ("Interleaved1F1B" if vp > 1 else "1F1B") if pp > 1 else None
     c["pipeline_microbatch"] = mbs if pp > 1 else None
@@ -82,6 +82,16 @@ def context(row: Mapping[str, Any], layers: int, gbs: int, seq_len: int, precisi
     c["nemo_fp8"] = "recipe.trainer.plugins = bf16_with_fp8_mixed()" if fp8 else None
     c["torchtitan_fp8"] = "[float8] enable_fsdp_float8_all_gather = true" if fp8 else None
     return c
+
+
+def _last_stage_layers(layers: int, pp: int) -> int:
+    """Megatron's --decoder-last-pipeline-num-layers: the other pp-1 stages hold equal counts
+    (ceil(layers/pp) where that leaves the last stage a layer, else floor: 8 layers on 6
+    stages are 1,1,1,1,1,3, not 2,2,2,2,2,-2)."""
+    per = -(-layers // pp)
+    if layers - (pp - 1) * per < 1:
+        per = layers // pp
+    return layers - (pp - 1) * per
 
 
 def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[str, ...]:
