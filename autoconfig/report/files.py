@@ -25,12 +25,24 @@ def plain_row(row: pd.Series | None) -> dict | None:
     }
 
 
-def write_search(result: SearchResult, out: Path, measured: MeasuredSearch | None = None) -> None:
+def write_search(
+    result: SearchResult,
+    out: Path,
+    measured: MeasuredSearch | None = None,
+    tokens: float | None = None,
+    gpu_hour_usd: float | None = None,
+) -> None:
+    """results.csv, best.json and report.html; with `tokens` (and `gpu_hour_usd`) every
+    feasible row carries days, GPU-hours (and cost), as the terminal shows them."""
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "results.csv", result.table.to_csv(index=False))
-    payload = {"inputs": result.context(), "best": plain_row(result.best), "advice": result.advice}
+    table = result.answers(tokens, gpu_hour_usd)
+    write_text(out / "results.csv", table.to_csv(index=False))
+    inputs = result.context() | {"tokens": tokens, "gpu_hour_usd": gpu_hour_usd}
+    best = plain_row(table.iloc[0]) if result.feasible else None
+    payload = {"inputs": inputs, "best": best, "advice": result.advice}
     write_json(out / "best.json", payload)
-    write_text(out / "report.html", html.render(result, measured=measured))
+    page = html.render(result, measured=measured, tokens=tokens, gpu_hour_usd=gpu_hour_usd)
+    write_text(out / "report.html", page)
     if measured is not None:
         write_measured(out, measured)
 
