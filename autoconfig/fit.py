@@ -76,11 +76,17 @@ def fit_time(
     only: tuple[str, ...] | None = None,
     bounds: dict[str, tuple[float, float]] | None = None,
     weights: np.ndarray | None = None,
+    prior_weight: float = 0.0,
+    f_scale: float = 0.15,
 ) -> tuple[dict[str, dict[str, float]], float]:
     """Fits TIME_PARAMS per chip (the `chips` entry of each row of `x`) on rows with a measured
     tokens/s/GPU (NaN elsewhere); returns the constants by chip and the robust cost. `only`
     limits the fit to some constants (few measurements cannot pin all ten); `bounds` widens or
-    narrows their ranges; `weights` weigh the rows (e.g. so each source group counts once)."""
+    narrows their ranges; `weights` weigh the rows (e.g. so each source group counts once).
+    `prior_weight` > 0 adds one residual per constant, `prior_weight` x its log-distance from
+    its `start` value (`prior_distance`), so that a constant moves only as far as the
+    measurements pull it; those residuals are squared as they are (no robust loss). `f_scale`
+    is the log error beyond which a measurement counts as an outlier (Cauchy loss)."""
     bounds = bounds or {}
     measured = np.asarray(measured, float)
     use = np.isfinite(measured) & (chips != "")
@@ -104,23 +110,55 @@ def fit_time(
             out.setdefault(chip, {})[name] = float(value)
         return out
 
+    x0 = np.clip(x0, lo, hi)
+    eps = prior_offset(x0, hi)
+    n_data = int(use.sum())
+
     def residuals(theta: np.ndarray) -> np.ndarray:
         xi = with_params(x, chips, classes, unpack(theta))
         with np.errstate(all="ignore"):
             tps = evaluate(xi)["pred_tokens_per_s_per_gpu"][use]
-        return root_w * (np.log(np.maximum(tps, 1e-9)) - target)
+        fit = root_w * (np.log(np.maximum(tps, 1e-9)) - target)
+        if prior_weight <= 0:
+            return fit
+        return np.concatenate([fit, prior_weight * prior_distance(theta, x0, eps)])
+
+    def loss(z: np.ndarray) -> np.ndarray:
+        """Cauchy on the measurements' residuals, plain squares on the prior's."""
+        rho = np.empty((3, z.size))
+        d = z[:n_data]
+        rho[0, :n_data], rho[1, :n_data], rho[2, :n_data] = (
+            np.log1p(d),
+            1 / (1 + d),
+            -1 / (1 + d) ** 2,
+        )
+        rho[0, n_data:], rho[1, n_data:], rho[2, n_data:] = z[n_data:], 1.0, 0.0
+        return rho
 
     result = least_squares(
         residuals,
-        np.clip(x0, lo, hi),
+        x0,
         bounds=(lo, hi),
-        loss="cauchy",
-        f_scale=0.15,
+        loss=loss if prior_weight > 0 else "cauchy",
+        f_scale=f_scale,
         x_scale="jac",
         max_nfev=400,
         diff_step=1e-3,  # the cost inputs are float32: smaller steps vanish in rounding
     )
     return unpack(result.x), float(result.cost)
+
+
+def prior_offset(prior: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The offset of each constant's log-distance: 0 for fractions (efficiencies, bounded by
+    1), half the prior for costs that can reach 0 (latencies, overheads: halving one costs as
+    much as a factor 1.5 the other way), 1% of the bound for a prior of 0."""
+    prior, hi = np.asarray(prior, float), np.asarray(hi, float)
+    return np.where(hi <= 1.0, 0.0, np.where(prior > 0, 0.5 * prior, 0.01 * hi))
+
+
+def prior_distance(theta: np.ndarray, prior: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """Each constant's log-distance from its prior (offset by `eps`, so 0 stays finite)."""
+    return np.log(np.asarray(theta) + eps) - np.log(np.asarray(prior) + eps)
 
 
 def fit_memory(

@@ -135,3 +135,44 @@ def test_calibration_recovers_constants_it_was_not_given(tmp_path, candidates) -
     assert loaded.name == "cpu-gloo-calibrated"
     assert "16 measured trials" in loaded.efficiency.provenance
     assert api.search("tiny-llama", 4, str(path), gbs=16).feasible > 0
+
+
+def _study_of(candidates, truth: dict[str, float], keys, noise: float, seed: int = 0):
+    """Trials whose 'measurements' the cost model makes under other constants, with noise."""
+    trials = [calibrate.Trial(i, candidates.config(k), 1.0) for i, k in enumerate(keys)]
+    measured = calibrate.predictions(trials, truth)
+    measured *= np.exp(np.random.default_rng(seed).normal(0.0, noise, len(trials)))
+    return [calibrate.Trial(t.number, t.config, m) for t, m in zip(trials, measured, strict=True)]
+
+
+def test_calibration_on_half_a_study_predicts_the_other_half_better(candidates) -> None:
+    truth = {"gemm": 0.2, "intra_node_latency_us": 300.0, "step_overhead_ms": 60.0}
+    keys = candidates.runnable()["key"].iloc[::5].head(16)
+    trials = _study_of(candidates, truth, keys, noise=0.03)
+    fitted, other = trials[::2], trials[1::2]
+    result = calibrate.fit_trials(fitted)
+    assert not result.refused and result.heldout_after < result.heldout_before
+    measured = np.array([t.measured for t in other])
+    before = np.median(np.abs(calibrate.predictions(other) / measured - 1))
+    after = np.median(np.abs(calibrate.predictions(other, result.constants) / measured - 1))
+    assert before > 0.1 and after < before / 2
+    assert any(line.startswith("intra_node_latency_us 50 -> ") for line in result.moves())
+
+
+def test_few_trials_leave_unidentifiable_constants_at_the_prior(tmp_path, candidates) -> None:
+    """Two trials of one layout family: at most one constant moves, the rest keep the
+    profile's values and say why; with one trial nothing can be checked, so nothing moves."""
+    runnable = candidates.runnable()
+    keys = runnable[(runnable["tp"] == 1) & (runnable["pp"] == 1)]["key"].head(2)
+    trials = _study_of(candidates, {"gemm": 0.5, "step_overhead_ms": 5.0}, keys, noise=0.0)
+    result = calibrate.fit_trials(trials)
+    assert len(result.constants) <= 1
+    assert {"inter_node_bus", "inter_node_latency_us"} <= set(result.held)
+    assert len(result.held) >= 6 and all(result.held.values())
+    base = catalog.get_gpu("cpu-gloo").efficiency
+    eff = result.profile(tmp_path)["efficiency"]
+    for name in result.held:
+        assert eff[name] == getattr(base, name)
+    one = calibrate.fit_trials(trials[:1])
+    assert one.constants == {} and one.refused
+    assert np.array_equal(one.after, one.before)

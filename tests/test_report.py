@@ -20,8 +20,33 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    files.write_search(api.search("llama3-8b", 16), out)
+    files.write_search(api.search("llama3-8b", 16), out, tokens=1e12, gpu_hour_usd=2.5)
     return out / "report.html"
+
+
+def test_files_carry_days_cost_and_gpu_hours(report: Path) -> None:
+    import json
+
+    import pandas as pd
+
+    best = json.loads((report.parent / "best.json").read_text())["best"]
+    table = pd.read_csv(report.parent / "results.csv")
+    first = table.iloc[0]
+    assert best["days"] == pytest.approx(first["days"])
+    seconds = 1e12 / (first["pred_tokens_per_s_per_gpu"] * 16)
+    assert first["days"] == pytest.approx(seconds / 86400)
+    assert first["gpu_hours"] == pytest.approx(seconds / 3600 * 16)
+    assert first["cost_usd"] == pytest.approx(first["gpu_hours"] * 2.5)
+    text = report.read_text()
+    assert "GPU-hours" in text and "cost $" in text and f"{first['cost_usd']:,.0f}" in text
+    assert "trace 0" not in text and "Step time against #1" in text
+
+
+def test_report_of_a_large_search_is_small(tmp_path: Path) -> None:
+    files.write_search(api.search("gpt3-175b", 1024), tmp_path)
+    size = (tmp_path / "report.html").stat().st_size
+    assert size < 1.5e6, size
+    assert (tmp_path / "report.html").read_text().count("plotly.js (basic") == 1  # once
 
 
 def test_report_is_self_contained(report: Path) -> None:

@@ -176,7 +176,7 @@ def search(
             raise typer.Exit(_measure(result, model, gpu, opts))
         terminal.print_view(terminal.search_view(result, top, tokens, gpu_hour_usd))
         if out is not None:
-            files.write_search(result, out)
+            files.write_search(result, out, tokens=tokens, gpu_hour_usd=gpu_hour_usd)
             print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
     if emit is not None and result.best is not None:
         r = result.request

@@ -35,6 +35,15 @@ NEXT_STEP = {
 class MeasuredSearch:
     trials: pd.DataFrame  # one row per trial (trials.csv)
     ranking: pd.DataFrame  # every candidate, measured where measured (measured.csv)
+    precision: str = ""  # what the trials ran in (fp32 for CPU trials unless asked for bf16)
+
+    def shown(self, top: int) -> pd.DataFrame:
+        """The rows every view shows: the measured ones and the top `top` of the ranking
+        (failures are listed apart, with their class and reason)."""
+        ranked = self.ranking
+        rows = ranked[(ranked["ranked_by"] == "measured") | (ranked.index < top)]
+        measured = int((ranked["ranked_by"] == "measured").sum())
+        return rows[rows["ranked_by"].isin(["measured", "predicted"])].head(max(top, measured))
 
     @property
     def any_ok(self) -> bool:

@@ -36,6 +36,7 @@ from autoconfig.measure.study import (
     open_study,
     storage_url,
 )
+from autoconfig.trainer.prediction import runs_fp32
 from autoconfig.training.result import SearchResult
 from autoconfig.vocab import Executor, Sampler
 
@@ -203,7 +204,11 @@ def run(result: SearchResult, model: str, gpu: str, opts: MeasureOptions) -> Mea
         "precision": str(r.precision),
     }
     trials, ranking, _ = measure(table, opts, settings, device, fingerprint, "candidates")
-    return MeasuredSearch(trials, ranking)
+    runnable = table.runnable()
+    ran = ""
+    if len(runnable):
+        ran = "fp32" if runs_fp32(table.config(runnable["key"].iloc[0]), device) else "bf16"
+    return MeasuredSearch(trials, ranking, ran)
 
 
 def faults_from_env() -> dict[int, str]:

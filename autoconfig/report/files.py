@@ -43,14 +43,27 @@ def measured_files(measured: MeasuredSearch) -> dict[str, str]:
     return {"trials.csv": csv_text(measured.trials), "measured.csv": csv_text(measured.ranking)}
 
 
-def write_search(result: SearchResult, out: Path, measured: MeasuredSearch | None = None) -> None:
-    payload = {"inputs": result.context(), "best": plain_row(result.best), "advice": result.advice}
+def write_search(
+    result: SearchResult,
+    out: Path,
+    measured: MeasuredSearch | None = None,
+    tokens: float | None = None,
+    gpu_hour_usd: float | None = None,
+) -> None:
+    """results.csv, best.json and report.html as one set; with `tokens` (and `gpu_hour_usd`)
+    every feasible row carries days, GPU-hours (and cost), as the terminal shows them."""
+    table = result.answers(tokens, gpu_hour_usd)
+    inputs = result.context() | {"tokens": tokens, "gpu_hour_usd": gpu_hour_usd}
+    best = plain_row(table.iloc[0]) if result.feasible else None
+    payload = {"inputs": inputs, "best": best, "advice": result.advice}
     if measured is not None:
         payload["measured"] = measured.summary()
     files = {
-        "results.csv": csv_text(result.table),
+        "results.csv": csv_text(table),
         "best.json": json_text(payload),
-        "report.html": html.render(result, measured=measured),
+        "report.html": html.render(
+            result, measured=measured, tokens=tokens, gpu_hour_usd=gpu_hour_usd
+        ),
     }
     if measured is not None:
         files.update(measured_files(measured))

@@ -1,6 +1,8 @@
-"""A self-contained, offline HTML report of a search: inputs, the top-k table, a scatter of all
-feasible candidates, stacked memory and step-time breakdowns, and the model's known accuracy.
-plotly's JavaScript is embedded once, so the page makes no network requests."""
+"""A self-contained, offline HTML report of a search: inputs, the top-k table (with days, GPU-hours
+and cost when asked), a scatter of the feasible candidates (points that would overlap thinned),
+stacked memory and step-time breakdowns, and the model's known accuracy. plotly.js's basic
+bundle (scatter and bar traces, a quarter of the full library's size) is embedded once, so the
+page makes no network requests and stays small."""
 
 from __future__ import annotations
 
@@ -13,11 +15,22 @@ import plotly.io as pio
 
 from autoconfig import layout, resources
 from autoconfig.measure.result import MeasuredSearch
-from autoconfig.report.terminal import MEMORY_PARTS, TIME_PARTS
-from autoconfig.training.rank import top_row
+from autoconfig.report.terminal import (
+    MEASURED_HEAD,
+    MEMORY_PARTS,
+    TIME_PARTS,
+    answer_cells,
+    failure_lines,
+    measured_rows,
+)
+from autoconfig.training.rank import EQUAL_SPEED, NEAR_TIE, NEAR_TIE_SOURCE, TIE_RULES, top_row
 from autoconfig.training.result import SearchResult
 
 ACCURACY = "accuracy.json"  # written by scripts/validate_published.py
+# plotly.js's basic partial bundle, the same version as the plotly package's full one (MIT,
+# npm plotly.js-basic-dist-min); the report uses only scatter and bar traces.
+PLOTLY_JS = "plotly-basic.min.js"
+THIN_GRID = 300  # the scatter keeps one point per family in each cell of a 300 x 300 grid
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
 table { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
@@ -36,7 +49,10 @@ def _accuracy_note() -> str:
         f"Known accuracy (docs/validation.md, {acc['rows']} published runs, 16-bit, held-out "
         f"rows included): median absolute error of tokens/s/GPU {acc['median_ape_pct']:.0f}%, "
         f"{acc['within_20_pct']:.0f}% of runs within ±20%; outside the nanotron sweep "
-        f"{acc['median_ape_other_pct']:.0f}%. Configurations within 10% of the best are near-ties."
+        f"{acc['median_ape_other_pct']:.0f}%. Configurations within {100 * NEAR_TIE:g}% of the "
+        f"fastest are near-ties: {NEAR_TIE_SOURCE}. Layouts within {100 * EQUAL_SPEED:g}% of "
+        f"each other run at equal speed and are ordered by: "
+        f"{', '.join(name for name, _ in TIE_RULES)}."
     )
 
 
@@ -49,19 +65,33 @@ def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
 
 
 def _top_table(top: pd.DataFrame) -> str:
-    rows = [top_row(r) for _, r in top.iterrows()]
+    rows = [top_row(r) | answer_cells(r) for _, r in top.iterrows()]
     head = list(rows[0]) if rows else []
     return _table("top", head, [list(r.values()) for r in rows])
+
+
+def thin(points: pd.DataFrame, x: str, y: str, grid: int = THIN_GRID) -> pd.DataFrame:
+    """One point (the fastest) per cell of a grid x grid raster of the plot: the points dropped
+    would be drawn on top of a kept one."""
+    if len(points) <= grid:
+        return points
+    span = lambda c: (points[c] - points[c].min()) / max(points[c].max() - points[c].min(), 1e-12)  # noqa: E731
+    cell = (span(x) * (grid - 1)).round().astype(int) * grid + (span(y) * (grid - 1)).round()
+    keep = points.assign(_cell=cell.astype(int)).sort_values(y, ascending=False)
+    return points.loc[keep.drop_duplicates("_cell").index].sort_index()
 
 
 def _scatter(feasible: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     family = "tp" + feasible["tp"].astype(str) + " pp" + feasible["pp"].astype(str)
+    shown = 0
     for name, group in feasible.groupby(family, sort=True):
+        group = thin(group, "pred_peak_mem_gb", "pred_tokens_per_s_per_gpu")
+        shown += len(group)
         fig.add_trace(
-            go.Scattergl(
-                x=group["pred_peak_mem_gb"],
-                y=group["pred_tokens_per_s_per_gpu"],
+            go.Scatter(
+                x=group["pred_peak_mem_gb"].round(2),
+                y=group["pred_tokens_per_s_per_gpu"].round(1),
                 mode="markers",
                 name=name,
                 marker={"size": 5, "opacity": 0.6},
@@ -69,10 +99,13 @@ def _scatter(feasible: pd.DataFrame) -> go.Figure:
                 hovertemplate="%{text}<br>%{x:.1f} GiB<br>%{y:,.0f} tokens/s/GPU<extra></extra>",
             )
         )
+    thinned = f" ({shown:,} of {len(feasible):,} shown: overlapping points thinned)"
     fig.update_layout(
-        title="Feasible candidates: memory vs predicted throughput",
+        title="Feasible candidates: memory vs predicted throughput"
+        + (thinned if shown < len(feasible) else ""),
         xaxis_title="peak memory per GPU (GiB)",
         yaxis_title="tokens/s/GPU",
+        legend_title_text="tp, pp",
         height=520,
     )
     return fig
@@ -87,33 +120,53 @@ def _stacked(top: pd.DataFrame, parts: tuple, title: str, unit: str) -> go.Figur
     return fig
 
 
-def _measured_section(search: MeasuredSearch) -> tuple[str, list[go.Figure]]:
-    """The measured search: its ranking table and predicted vs measured throughput."""
-    measured = search.ranking
-    done = measured[measured["ranked_by"] == "measured"]
-    tried = measured[measured["class"] != ""]
-    rows = pd.concat([tried, measured[measured["class"] == ""].head(5)])
-    cells = []
-    for _, r in rows.iterrows():
-        m = r["measured_tokens_per_s_per_gpu"]
-        cells.append(
-            [
-                str(r["rank"]),
-                r["label"],
-                r["ranked_by"],
-                "-" if pd.isna(m) else f"{m:,.0f}",
-                f"{r['pred_tokens_per_s_per_gpu']:,.0f}",
-                "-" if pd.isna(r["error_pct"]) else f"{r['error_pct']:+.0f}%",
-                r["reason"],
-            ]
+def _relative_steps(top: pd.DataFrame, parts: tuple) -> go.Figure:
+    """Each step-time part of the top layouts minus #1's, side by side: what each layout pays
+    (above 0) or saves (below 0) against #1, so differences of a few percent are visible."""
+    labels = "#" + top["rank"].astype(str) + " " + layout.labels(top)
+    first = top.iloc[0]
+    fig = go.Figure()
+    for label, col in parts:
+        delta = (top[col] - first[col]) * 1000
+        if (delta.abs() < 1e-6).all():
+            continue
+        fig.add_trace(go.Bar(name=label, x=labels, y=delta.round(3)))
+    total = (top["pred_step_time_s"] - first["pred_step_time_s"]) * 1000
+    fig.add_trace(
+        go.Scatter(
+            name="step time vs #1",
+            x=labels,
+            y=total.round(3),
+            mode="markers",
+            marker={"symbol": "diamond", "size": 10, "color": "black"},
         )
-    head = ["#", "layout", "ranked by", "measured tokens/s/GPU", "predicted", "error", "reason"]
-    table = _table("measured", head, cells)
+    )
+    fig.update_layout(
+        barmode="relative",
+        title=f"Step time against #1 ({first['pred_step_time_s']:.3f} s): each part's difference",
+        yaxis_title="milliseconds more (+) or less (-) than #1",
+        height=460,
+    )
+    return fig
+
+
+def _measured_section(search: MeasuredSearch, top: int) -> tuple[str, list[go.Figure]]:
+    """The measured search as the terminal shows it (the same rows, ranks and numbers), its
+    failures, and predicted vs measured throughput."""
+    ranking = search.ranking
+    done = ranking[ranking["ranked_by"] == "measured"]
+    table = _table("measured", list(MEASURED_HEAD), measured_rows(search, top))
+    failures = "".join(
+        f"<li>{html.escape(c)} {html.escape(w)} {html.escape(t)}</li>"
+        for c, w, t in failure_lines(search)
+    )
+    ran = f" The trials ran in {search.precision}." if search.precision else ""
     text = (
         "<h2>Measured trials</h2><p class='note'>Ranked by measured throughput where measured, "
-        f"by the prediction otherwise (scaled by {search.scale:.3g}, the "
-        "median measured/predicted ratio). Failed trials are listed with their class and "
-        "reason.</p>" + table
+        f"by the prediction otherwise, scaled by {search.scale:.3g} (the median "
+        f"measured/predicted ratio) so the two compare.{ran}</p>"
+        + table
+        + (f"<p>Failed or refused trials:</p><ul>{failures}</ul>" if failures else "")
     )
     if search.diagnosis():  # nothing succeeded: say why, by class, and what came closest
         lines = "<br>".join(html.escape(line.strip()) for line in search.diagnosis())
@@ -125,18 +178,23 @@ def _measured_section(search: MeasuredSearch) -> tuple[str, list[go.Figure]]:
                 x=done["pred_tokens_per_s_per_gpu"],
                 y=done["measured_tokens_per_s_per_gpu"],
                 mode="markers",
+                name="measured trials",
                 text=done["label"],
                 hovertemplate="%{text}<br>predicted %{x:,.0f}<br>measured %{y:,.0f}<extra></extra>",
             )
         )
-        top = float(
+        top_value = float(
             max(
                 done["pred_tokens_per_s_per_gpu"].max(), done["measured_tokens_per_s_per_gpu"].max()
             )
         )
-        fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="measured = predicted"))
+        fig.add_trace(
+            go.Scatter(
+                x=[0, top_value], y=[0, top_value], mode="lines", name="measured = predicted"
+            )
+        )
     fig.update_layout(
-        title="Predicted vs measured tokens/s/GPU",
+        title="Predicted (unscaled) vs measured tokens/s/GPU",
         xaxis_title="predicted",
         yaxis_title="measured",
         height=460,
@@ -144,20 +202,33 @@ def _measured_section(search: MeasuredSearch) -> tuple[str, list[go.Figure]]:
     return text, [fig]
 
 
-def render(result: SearchResult, top_k: int = 10, measured: MeasuredSearch | None = None) -> str:
+def render(
+    result: SearchResult,
+    top_k: int = 10,
+    measured: MeasuredSearch | None = None,
+    tokens: float | None = None,
+    gpu_hour_usd: float | None = None,
+) -> str:
     a = result.context()
-    feasible = result.ranked
+    answered = result.answers(tokens, gpu_hour_usd)
+    feasible = answered[answered["pruned"] == ""]
     top = feasible.head(top_k)
+    ran = measured.precision if measured is not None else ""
     inputs = {
         "model": a["model"],
         "GPUs": f"{a['gpus']} x {a['gpu']}",
         "sequence length": a["seq_len"],
         "global batch": f"{a['gbs']}" + (" (chosen by autoconfig)" if a["gbs_chosen"] else ""),
-        "precision": a["precision"],
+        "precision": a["precision"]
+        + (f" (predictions); the trials ran in {ran}" if ran and ran != a["precision"] else ""),
         "enumerated": f"{a['enumerated']:,}",
         "evaluated": f"{a['evaluated']:,}",
         "feasible": f"{a['feasible']:,}",
     }
+    if tokens:
+        inputs["training tokens"] = f"{tokens:,.0f}"
+    if gpu_hour_usd:
+        inputs["price of a GPU-hour"] = f"${gpu_hour_usd:g}"
     parts = [
         f"<h1>autoconfig: {html.escape(a['model'])} on {a['gpus']} GPUs</h1>",
         "<table id='inputs'>"
@@ -175,19 +246,21 @@ def render(result: SearchResult, top_k: int = 10, measured: MeasuredSearch | Non
         figures = [
             _scatter(feasible),
             _stacked(top, tuple((lbl, c) for lbl, c in MEMORY_PARTS), "Memory per GPU", "GiB"),
-            _stacked(top, tuple((lbl, c) for lbl, c in TIME_PARTS), "Step time", "seconds"),
+            _relative_steps(top, tuple((lbl, c) for lbl, c in TIME_PARTS)),
         ]
     if measured is not None:
-        text, extra = _measured_section(measured)
+        text, extra = _measured_section(measured, top_k)
         parts.append(text)
         figures = extra + figures
     for i, fig in enumerate(figures):
-        parts.append(
-            pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=f"plot{i}")
-        )
+        parts.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"plot{i}"))
     body = "\n".join(parts)
+    script = (
+        resources.asset(PLOTLY_JS).read_text(encoding="utf-8").replace("</script", "<\\/script")
+    )
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig "
-        f"{html.escape(a['model'])}</title><style>{STYLE}</style></head><body>{body}"
+        f"{html.escape(a['model'])}</title><style>{STYLE}</style>"
+        f"<script type='text/javascript'>{script}</script></head><body>{body}"
         f"</body></html>"
     )

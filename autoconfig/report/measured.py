@@ -3,8 +3,6 @@ calibration's before/after table."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from rich.console import Group
 from rich.markup import escape
@@ -12,29 +10,21 @@ from rich.table import Table
 
 from autoconfig.measure.calibrate import Calibration
 from autoconfig.measure.result import MeasuredSearch
+from autoconfig.report.terminal import MEASURED_HEAD, failure_lines, measured_rows
 
 
 def measured_view(search: MeasuredSearch, top: int) -> Group:
     """A measured search: measured where measured, predicted otherwise, then every failure
     with its class and reason."""
-    ranked, trials = search.ranking, search.trials
+    trials = search.trials
     measured = trials[trials["class"] == "ok"] if len(trials) else trials
     table = Table(
         title="measured search: measured where measured, predicted otherwise", show_header=True
     )
-    for col in ("#", "layout", "ranked by", "measured tok/s/GPU", "predicted", "model error"):
+    for col in MEASURED_HEAD:
         table.add_column(col, justify="left" if col in ("layout", "ranked by") else "right")
-    shown = ranked[(ranked["ranked_by"] == "measured") | (ranked.index < top)]
-    for _, r in shown.head(max(top, len(measured))).iterrows():
-        m = r["measured_tokens_per_s_per_gpu"]
-        table.add_row(
-            str(r["rank"]),
-            escape(r["label"]),
-            r["ranked_by"],
-            "-" if math.isnan(m) else f"{m:,.0f}",
-            f"{r['pred_tokens_per_s_per_gpu']:,.0f}",
-            "-" if math.isnan(r["error_pct"]) else f"{r['error_pct']:+.0f}%",
-        )
+    for cells in measured_rows(search, top):
+        table.add_row(*(escape(c) for c in cells))
     lines: list[object] = [table]
     if len(measured):
         errors = measured["error_pct"].abs().dropna()
@@ -42,13 +32,10 @@ def measured_view(search: MeasuredSearch, top: int) -> Group:
             f"{len(measured)} measured; the model's median absolute error on them "
             f"{errors.median():.0f}%; unmeasured predictions scaled by "
             f"{search.scale:.3g} (median measured/predicted)"
+            + (f"; the trials ran in {search.precision}" if search.precision else "")
         )
-    failures = trials[~trials["class"].isin(["ok", "running"])] if len(trials) else trials
-    for _, f in failures.iterrows():
-        where = f"trial {f['trial']}" if f["trial"] >= 0 else "not run"
-        lines.append(
-            f"[yellow]{f['class']}[/yellow] {where} {escape(f['layout'])}: {escape(f['reason'])}"
-        )
+    for cls, where, what in failure_lines(search):
+        lines.append(f"[yellow]{cls}[/yellow] {where} {escape(what)}")
     lines += [f"[red]{escape(line)}[/red]" for line in search.diagnosis()]
     return Group(*lines)
 
@@ -67,11 +54,17 @@ def calibration_view(c: Calibration) -> Group:
             f"{r['before']:,.0f} ({100 * (r['before'] / r['measured'] - 1):+.0f}%)",
             f"{r['after']:,.0f} ({100 * (r['after'] / r['measured'] - 1):+.0f}%)",
         )
-    old = c.base.efficiency
-    moved = ", ".join(f"{k} {getattr(old, k)} -> {v:.4g}" for k, v in sorted(c.constants.items()))
+    verdict = (
+        f"fit refused, the profile keeps its constants: {c.refused}"
+        if c.refused
+        else "fit kept: trials held out of the fit are predicted better than before"
+    )
     return Group(
         table,
-        f"constants: {moved}",
+        *c.moves(),
         f"median absolute error of tokens/s/GPU on {len(c.trials)} trials: "
-        f"{np.median(c.error(c.before)):.1f}% before, {np.median(c.error(c.after)):.1f}% after",
+        f"{np.median(c.error(c.before)):.1f}% before, {np.median(c.error(c.after)):.1f}% after; "
+        f"on trials held out of the fit: {c.heldout_before:.1f}% before, "
+        f"{c.heldout_after:.1f}% after",
+        verdict,
     )

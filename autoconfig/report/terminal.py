@@ -3,6 +3,7 @@ calibration, and the model/GPU catalog tables."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pandas as pd
@@ -10,8 +11,15 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from autoconfig import layout
+from autoconfig.measure.result import MeasuredSearch
 from autoconfig.specs import GPUSpec, ModelSpec
-from autoconfig.training.rank import top_row
+from autoconfig.training.rank import (
+    EQUAL_SPEED,
+    NEAR_TIE,
+    NEAR_TIE_SOURCE,
+    TIE_RULES,
+    top_row,
+)
 from autoconfig.training.result import SearchResult
 
 MEMORY_PARTS = (
@@ -35,6 +43,69 @@ TIME_PARTS = (
     ("DP communication (exposed)", "time_dp_comm_s"),
     ("optimizer + step overhead", "time_optimizer_s"),
 )
+
+
+MEASURED_HEAD = (
+    "#",
+    "layout",
+    "ranked by",
+    "measured tok/s/GPU",
+    "predicted (scaled)",
+    "predicted",
+    "model error",
+)
+
+
+def measured_rows(search: MeasuredSearch, top: int) -> list[list[str]]:
+    """The cells of the measured ranking, the same in the terminal and in report.html."""
+    rows = []
+    for _, r in search.shown(top).iterrows():
+        m = r["measured_tokens_per_s_per_gpu"]
+        rows.append(
+            [
+                str(r["rank"]),
+                r["label"],
+                r["ranked_by"],
+                "-" if math.isnan(m) else f"{m:,.0f}",
+                f"{r['scaled_pred_tokens_per_s_per_gpu']:,.0f}",
+                f"{r['pred_tokens_per_s_per_gpu']:,.0f}",
+                "-" if math.isnan(r["error_pct"]) else f"{r['error_pct']:+.0f}%",
+            ]
+        )
+    return rows
+
+
+def failure_lines(search: MeasuredSearch) -> list[tuple[str, str, str]]:
+    """(class, where, 'layout: reason') of every failed or refused trial."""
+    trials = search.trials
+    failures = trials[~trials["class"].isin(["ok", "running"])] if len(trials) else trials
+    out = []
+    for _, f in failures.iterrows():
+        where = f"trial {f['trial']}" if f["trial"] >= 0 else "not run"
+        out.append((f["class"], where, f"{f['layout']}: {f['reason']}"))
+    return out
+
+
+LEFT = ("layout", "recompute", "tie broken by")
+
+
+def answer_cells(row: pd.Series) -> dict[str, str]:
+    """Days, GPU-hours and cost of a row of SearchResult.answers (none without --tokens)."""
+    cells = {}
+    if "days" in row:
+        cells["days"] = f"{row['days']:,.1f}"
+        cells["GPU-hours"] = f"{row['gpu_hours']:,.0f}"
+    if "cost_usd" in row:
+        cells["cost $"] = f"{row['cost_usd']:,.0f}"
+    return cells
+
+
+def near_tie_line(count: int) -> str:
+    return (
+        f"~ marks near-ties: within {100 * NEAR_TIE:g}% of the fastest, {NEAR_TIE_SOURCE} "
+        f"({count} configurations); layouts within {100 * EQUAL_SPEED:g}% run at equal speed "
+        f"and are ordered by: {', '.join(name for name, _ in TIE_RULES)}"
+    )
 
 
 def estimate_view(row: pd.Series) -> Group:
@@ -174,18 +245,15 @@ def search_view(
         f"gbs {a['gbs']}, {a['precision']}",
         title_justify="left",
     )
-    for i, (_, row) in enumerate(feasible.iterrows()):
+    answered = result.answers(tokens, gpu_hour_usd).head(len(feasible))
+    for i, (_, row) in enumerate(answered.iterrows()):
         cells = top_row(row)
         if row["near_tie"] and row["rank"] != 1:
             cells["#"] += "~"
-        if tokens:
-            seconds = tokens / (row["pred_tokens_per_s_per_gpu"] * a["gpus"])
-            cells["days"] = f"{seconds / 86400:,.1f}"
-            if gpu_hour_usd:
-                cells["cost $"] = f"{seconds / 3600 * a['gpus'] * gpu_hour_usd:,.0f}"
+        cells |= answer_cells(row)
         if i == 0:
             for col in cells:
-                table.add_column(col, justify="left" if col in ("layout", "recompute") else "right")
+                table.add_column(col, justify="left" if col in LEFT else "right")
         table.add_row(*cells.values())
     dropped = sum(a["dropped"].values())
     lines = [
@@ -202,8 +270,5 @@ def search_view(
         lines.append(a["explanation"])
     lines.extend(result.advice)
     if a["feasible"] and (ranked["near_tie"].sum() > 1):
-        lines.append(
-            f"~ marks near-ties: within the model's error of #1 "
-            f"({int(ranked['near_tie'].sum())} configurations)"
-        )
+        lines.append(near_tie_line(int(ranked["near_tie"].sum())))
     return Group(table, *lines)

@@ -56,6 +56,22 @@ class SearchResult:
     def best(self) -> pd.Series | None:
         return self.table.iloc[0] if self.feasible else None
 
+    def answers(self, tokens: float | None, gpu_hour_usd: float | None) -> pd.DataFrame:
+        """The table with what training `tokens` takes at each layout's predicted throughput:
+        `days` and `gpu_hours` (with --tokens), `cost_usd` (with --gpu-hour-usd as well);
+        NaN for the pruned layouts."""
+        table = self.table.copy()
+        if not tokens:
+            return table
+        ok = table["pruned"] == ""
+        rate = table["pred_tokens_per_s_per_gpu"].where(ok) * self.request.gpus
+        seconds = tokens / rate
+        table["days"] = seconds / 86400
+        table["gpu_hours"] = seconds / 3600 * self.request.gpus
+        if gpu_hour_usd:
+            table["cost_usd"] = table["gpu_hours"] * gpu_hour_usd
+        return table
+
     def context(self) -> dict[str, object]:
         """The inputs and counts, as plain values (best.json, reports)."""
         r = self.request
