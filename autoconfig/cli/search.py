@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from autoconfig import api, catalog, layout
+from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import MEASURE, measure_options, on_cpu
 from autoconfig.errors import UserError
@@ -25,15 +26,14 @@ from autoconfig.vocab import Device, Executor, Framework, Precision, Sampler
 
 @app.command()
 def search(
+    ctx: typer.Context,
     model: str = typer.Option(..., help="catalog name or path to a Hugging Face config.json"),
     gpus: int = typer.Option(..., help="total number of GPUs (with --measure: ranks)"),
-    gpu: str = typer.Option(
-        None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
-    ),
-    profile: str = typer.Option(None, help="a GPU profile YAML, e.g. from autoconfig calibrate"),
+    gpu: str = defaults.gpu(" (cpu-gloo for CPU trials)"),
+    profile: str = defaults.profile(),
     seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
-    gbs: int = typer.Option(None, help="global batch in sequences (default: ~2-4M tokens)"),
-    precision: Precision = typer.Option(Precision.BF16, help="training precision"),
+    gbs: int = defaults.gbs(),
+    precision: Precision = defaults.precision(),
     space: Path = typer.Option(None, help="search-space YAML overriding the default space"),
     fix: list[str] = typer.Option(
         None, help="fix dimensions, e.g. --fix tp=2 or --fix tp=8,pp=8 (repeatable)"
@@ -41,8 +41,8 @@ def search(
     max_tp: int = typer.Option(None, help="largest tensor-parallel degree"),
     max_pp: int = typer.Option(None, help="largest pipeline degree"),
     min_dp: int = typer.Option(None, help="smallest data-parallel degree"),
-    max_memory_gb: float = typer.Option(None, help="per-GPU memory limit, GiB"),
-    memory_headroom: float = typer.Option(0.0, help="fraction of GPU memory to keep free"),
+    max_memory_gb: float = defaults.max_memory_gb(),
+    memory_headroom: float = defaults.memory_headroom(),
     gpus_per_node: int = typer.Option(
         None, help="GPUs per node (default: the GPU's cluster); with slurm: ranks per node"
     ),
@@ -50,10 +50,9 @@ def search(
     tokens: float = typer.Option(None, help="training tokens: show days (and cost) to train"),
     gpu_hour_usd: float = typer.Option(None, help="price of one GPU-hour, with --tokens"),
     out: Path = typer.Option(None, help="folder for results.csv, best.json, report.html"),
-    framework: Framework = typer.Option(
-        None,
-        help="the framework that will run it: its layouts, overlaps and fused kernels "
-        "(default: the --emit framework, else megatron)",
+    framework: Framework = defaults.framework(
+        "the framework that will run it: its layouts, overlaps and fused kernels "
+        "(the --emit framework when only --emit is given)"
     ),
     emit: Framework = typer.Option(None, help="print the best as that framework's settings"),
     measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
@@ -100,19 +99,23 @@ def search(
         raise UserError(f"tokens: must be positive (got {tokens})")
     if gpu_hour_usd is not None and gpu_hour_usd <= 0:
         raise UserError(f"gpu-hour-usd: must be positive (got {gpu_hour_usd})")
-    if profile is not None and gpu is not None:
+    if profile is not None and not defaults.defaulted(ctx, "gpu"):
         raise UserError("profile: give --profile or --gpu, not both")
     cpu = on_cpu(measure, device)
-    gpu = profile or gpu or ("cpu-gloo" if cpu else "h100-sxm-80gb")
+    if cpu and defaults.defaulted(ctx, "gpu"):
+        gpu = "cpu-gloo"
+    gpu = profile or gpu
     if measure and trial_memory_gb is not None and max_memory_gb is None:
         max_memory_gb = trial_memory_gb  # predict against the cap the trials will run under
-    if cpu and gbs is None:
-        gbs = 4 * gpus  # CPU trials: a few sequences per rank, not a GPU cluster's ~2-4M tokens
+    cpu_batch = cpu and gbs is None
+    if cpu_batch:
+        gbs = 4 * gpus  # CPU trials: a few sequences per rank, not a GPU cluster's millions
     if measure and out is None:
         if resume:
             raise UserError("out: --resume needs the --out folder of the search to continue")
         out = Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
-    framework = framework or emit or Framework.MEGATRON
+    if emit is not None and defaults.defaulted(ctx, "framework"):
+        framework = emit
     catalog.get_gpu(gpu)  # an unknown name is one line before any work starts
     catalog.get_framework(framework.value)
     print(f"searching {model} on {gpus} GPUs ...", file=sys.stderr)
@@ -132,6 +135,15 @@ def search(
         memory_headroom=memory_headroom,
         gpus_per_node=gpus_per_node,
         framework=framework.value,
+    )
+    defaults.announce(
+        ctx,
+        {
+            "gpu": gpu,
+            "gbs": f"{gbs} sequences, 4 per rank for CPU trials" if cpu_batch else "",
+            "precision": precision.value,
+            "framework": framework.value,
+        },
     )
     if measure:
         raise typer.Exit(_measure(result, model, gpu, measure_options(locals(), cpu)))
