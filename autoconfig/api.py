@@ -22,6 +22,7 @@ from autoconfig.serve.request import Budget, Request
 from autoconfig.serve.result import ServingResult
 from autoconfig.serve.workload import DEFAULT_REQUESTS, Lengths, Workload, chat, read_workload
 from autoconfig.specs import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
+from autoconfig.training import batch
 from autoconfig.training import run as search_run
 from autoconfig.training.result import SearchResult
 from autoconfig.vocab import Batching
@@ -65,10 +66,15 @@ def estimate(
     gpus_per_node: int | None = None,
     sp_saves_gathered: bool | None = None,
     framework: str = "megatron",
+    max_memory_gb: float | None = None,
+    memory_headroom: float = 0.0,
 ) -> pd.DataFrame:
     """One configuration's predictions and breakdown as a one-row DataFrame: the layout (every
     dimension, defaults resolved), the run, then the pred_* columns and breakdowns, for the
     layout run by `framework` (what it overlaps and fuses; a layout it cannot run is refused).
+    Without `gbs` the batch follows the search's rule (training/batch.py) rounded to a multiple
+    of dp*mbs; `gbs_rule` says which. `mem_limit_gb` is the capacity less `memory_headroom`,
+    at most `max_memory_gb`; `pred_fits` compares the peak with it.
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
@@ -86,9 +92,20 @@ def estimate(
             checks.integer(value, name)
     spec = catalog.get_model(model) if isinstance(model, str) else model
     gpu_spec = catalog.get_gpu(gpu)
+    if not 0 <= memory_headroom < 1:
+        raise UserError(f"memory-headroom: must be a fraction in [0, 1) (got {memory_headroom})")
+    if max_memory_gb is not None and max_memory_gb <= 0:
+        raise UserError(f"max-memory-gb: must be positive (got {max_memory_gb})")
     dp = dp if dp is not None else num_gpus // max(tp * pp * cp, 1)
     full = str(recompute) == "full"
     per_stage = -(-spec.layers // max(pp, 1))
+    if gbs is None:
+        rule = batch.fitted_to(
+            batch.default_batch(spec, seq_len or spec.seq_len), max(dp, 1) * max(mbs, 1)
+        )
+        gbs_rule = rule.rule
+    else:
+        gbs_rule = f"{gbs} sequences (given)"
     try:  # the spec checks types and ranges and names the failing field
         run = ParallelConfig(
             dp=dp,
@@ -104,7 +121,7 @@ def estimate(
             if full
             else (recompute_layers or 0),
             zero=zero,
-            gbs=gbs if gbs is not None else max(dp, 1) * mbs,
+            gbs=gbs if gbs is not None else rule.gbs,
             seq_len=seq_len or spec.seq_len,
             precision=precision,
         )
@@ -146,8 +163,15 @@ def estimate(
         "precision": run.precision.value,
         "flash_attention": flash_attention,
         "framework": fw.name,
+        "gbs_rule": gbs_rule,
     }
-    return pd.concat([pd.DataFrame([row]), pd.DataFrame(preds)], axis=1)
+    out = pd.concat([pd.DataFrame([row]), pd.DataFrame(preds)], axis=1)
+    limit = out["mem_capacity_gb"] * (1 - memory_headroom)
+    if max_memory_gb is not None:
+        limit = np.minimum(limit, max_memory_gb)
+    out["mem_limit_gb"] = limit
+    out["pred_fits"] = out["pred_peak_mem_gb"] <= limit
+    return out
 
 
 def _behaviour(

@@ -37,6 +37,7 @@ FLOORS: list[set[str]] = [
     {"serve"},
     {"measure"},
     {"api"},
+    {"plan", "compare"},
     {"report"},
     {"cli"},
 ]

@@ -3,7 +3,7 @@ per command; importing them registers them on the app."""
 
 from __future__ import annotations
 
-from autoconfig.cli import catalog, estimate, infer, search, train  # noqa: F401  (registers)
+from autoconfig.cli import catalog, estimate, infer, plan, search, train  # noqa: F401  (registers)
 from autoconfig.cli.app import app, run
 
 

@@ -1,24 +1,32 @@
-"""`autoconfig estimate`: one configuration's memory and step-time breakdown, or predictions
-for every row of a CSV of runs."""
+"""`autoconfig estimate`: one configuration's memory and step-time breakdown (with --compare:
+where it ranks in the search over the same model, GPUs and batch), or predictions for every row
+of a CSV of runs."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
 
 from autoconfig import api
+from autoconfig import compare as judge
+from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import COUNT, COUNT0, OUT_FILE, read_csv
 from autoconfig.errors import UserError
+from autoconfig.report import compare as compare_report
 from autoconfig.report import files, terminal
-from autoconfig.vocab import Framework, Precision, Recompute, ZeroStage
+from autoconfig.training import run as search_run
+from autoconfig.vocab import Framework, Precision, Recompute
 
 
 @app.command()
 def estimate(
+    ctx: typer.Context,
     model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
-    gpu: str = typer.Option("h100-sxm-80gb", help="GPU profile name (see `autoconfig gpus`)"),
+    gpu: str = defaults.gpu(),
+    profile: str = defaults.profile(),
     gpus: int = typer.Option(None, help="total number of GPUs", callback=COUNT),
     tp: int = typer.Option(1, help="tensor-parallel degree", callback=COUNT),
     pp: int = typer.Option(1, help="pipeline stages", callback=COUNT),
@@ -30,40 +38,43 @@ def estimate(
     dp: int = typer.Option(
         None, help="data-parallel degree (default: gpus / (tp*pp*cp))", callback=COUNT
     ),
-    sp: bool = typer.Option(None, "--sp/--no-sp", help="sequence parallel (default: on if tp>1)"),
+    sp: bool = defaults.sp(),
     mbs: int = typer.Option(1, help="micro-batch size in sequences", callback=COUNT),
-    gbs: int = typer.Option(
-        None, help="global batch size in sequences (default: dp*mbs)", callback=COUNT
-    ),
+    gbs: int = defaults.gbs(),
     seq_len: int = typer.Option(
         None, help="sequence length (default: the model's)", callback=COUNT
     ),
-    recompute: Recompute = typer.Option(Recompute.NONE, help="activation recompute"),
+    recompute: Recompute = defaults.recompute(),
     recompute_layers: int = typer.Option(
         None, help="with full recompute: layers per stage", callback=COUNT0
     ),
-    zero: int = typer.Option(
-        int(ZeroStage.OPTIMIZER), min=0, max=3, help="0, 1 (distributed optimizer), 2, 3 (FSDP)"
-    ),
-    precision: Precision = typer.Option(Precision.BF16, help="training precision"),
+    zero: int = defaults.zero(),
+    precision: Precision = defaults.precision(),
     flash: bool = typer.Option(True, "--flash/--no-flash", help="flash attention"),
-    framework: Framework = typer.Option(
-        Framework.MEGATRON, help="the framework that runs it (what it overlaps and fuses)"
-    ),
+    framework: Framework = defaults.framework(),
+    max_memory_gb: float = defaults.max_memory_gb(),
+    memory_headroom: float = defaults.memory_headroom(),
     gpus_per_node: int = typer.Option(
         None, help="GPUs per node (default: the GPU's cluster)", callback=COUNT
+    ),
+    compare: bool = typer.Option(
+        False, help="rank this layout in the search over the same model, GPUs and batch"
     ),
     runs: Path = typer.Option(None, help="CSV of runs (reference columns) to estimate in batch"),
     out: Path = typer.Option(
         None, help="with --runs: where to write predictions CSV", callback=OUT_FILE
     ),
 ) -> None:
-    """Predict memory and step time of one configuration (or every row of --runs)."""
+    """Predict memory and step time of one configuration (or every row of --runs); exit 1 with
+    the change that makes it fit when it does not."""
     if runs is not None:
         files.write_batch(api.estimate_frame(read_csv(runs)), out)
         return
     if model is None or gpus is None:
         raise UserError("estimate: give --model and --gpus (or --runs CSV)")
+    if profile is not None and not defaults.defaulted(ctx, "gpu"):
+        raise UserError("profile: give --profile or --gpu, not both")
+    gpu = profile or gpu
     result = api.estimate(
         model,
         gpu,
@@ -85,5 +96,41 @@ def estimate(
         flash_attention=flash,
         gpus_per_node=gpus_per_node,
         framework=framework.value,
+        max_memory_gb=max_memory_gb,
+        memory_headroom=memory_headroom,
     )
-    terminal.print_view(terminal.estimate_view(result.iloc[0]))
+    row = result.iloc[0]
+    defaults.announce(
+        ctx,
+        {
+            "gpu": gpu,
+            "gbs": row["gbs_rule"],
+            "zero": zero,
+            "sp": "on" if row["sp"] else "off",
+            "recompute": recompute.value,
+            "precision": precision.value,
+            "framework": framework.value,
+        },
+    )
+    terminal.print_view(terminal.estimate_view(row))
+    request = search_run.make_request(
+        model,
+        gpus,
+        gpu,
+        seq_len=int(row["seq_len"]),
+        gbs=int(row["gbs"]),
+        precision=precision.value,
+        max_memory_gb=max_memory_gb,
+        memory_headroom=memory_headroom,
+        gpus_per_node=gpus_per_node,
+        flash_attention=flash,
+        framework=framework.value,
+    )
+    if compare:
+        print(f"searching {model} on {gpus} GPUs with gbs {int(row['gbs'])} ...", file=sys.stderr)
+        found = search_run.run(request)
+        terminal.print_view(compare_report.compare_view(judge.compare(row, found)))
+    if not bool(row["pred_fits"]):
+        for line in judge.fit_advice(row, request) or ["no single change makes it fit"]:
+            print(line)
+        raise typer.Exit(1)

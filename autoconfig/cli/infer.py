@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from autoconfig import api, checks
+from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import (
     AMOUNT,
@@ -48,7 +49,9 @@ from autoconfig.vocab import (
 def infer(
     model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
     gpu: str = typer.Option(
-        None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
+        None,
+        show_default=f"{defaults.GPU} (cpu-gloo for CPU trials)",
+        help="GPU profile name or YAML (see `autoconfig gpus`)",
     ),
     gpus: int = typer.Option(
         None, help="GPUs of the deployment (with --measure: the most ranks)", callback=COUNT
@@ -171,7 +174,7 @@ def infer(
     if max_goodput and request_rate is not None:
         raise UserError("max-goodput: give either --max-goodput or --request-rate, not both")
     cpu = on_cpu(measure, device)
-    gpu = gpu or ("cpu-gloo" if cpu else "h100-sxm-80gb")
+    gpu = gpu or ("cpu-gloo" if cpu else defaults.GPU)
     weights = tuple(p.value for p in precision) if precision else (("fp32",) if cpu else None)
     if batching is Batching.STATIC and weights is None:
         weights = ("bf16",)

@@ -12,12 +12,12 @@ import typer
 
 from autoconfig import api, catalog, layout
 from autoconfig.checks import MAX_COUNT
+from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import (
     AMOUNT,
     COUNT,
     COUNT0,
-    FRACTION,
     MEASURE,
     OUT_FOLDER,
     SEED,
@@ -37,21 +37,18 @@ from autoconfig.vocab import Device, Executor, Framework, Precision, Sampler
 
 @app.command()
 def search(
+    ctx: typer.Context,
     model: str = typer.Option(..., help="catalog name or path to a Hugging Face config.json"),
     gpus: int = typer.Option(
         ..., help="total number of GPUs (with --measure: ranks)", callback=COUNT
     ),
-    gpu: str = typer.Option(
-        None, help="GPU profile name or YAML (default h100-sxm-80gb; cpu-gloo for CPU trials)"
-    ),
-    profile: str = typer.Option(None, help="a GPU profile YAML, e.g. from autoconfig calibrate"),
+    gpu: str = defaults.gpu(" (cpu-gloo for CPU trials)"),
+    profile: str = defaults.profile(),
     seq_len: int = typer.Option(
         None, help="sequence length (default: the model's)", callback=COUNT
     ),
-    gbs: int = typer.Option(
-        None, help="global batch in sequences (default: ~2-4M tokens)", callback=COUNT
-    ),
-    precision: Precision = typer.Option(Precision.BF16, help="training precision"),
+    gbs: int = defaults.gbs(),
+    precision: Precision = defaults.precision(),
     space: Path = typer.Option(None, help="search-space YAML overriding the default space"),
     fix: list[str] = typer.Option(
         None, help="fix dimensions, e.g. --fix tp=2 or --fix tp=8,pp=8 (repeatable)"
@@ -59,10 +56,8 @@ def search(
     max_tp: int = typer.Option(None, help="largest tensor-parallel degree", callback=COUNT),
     max_pp: int = typer.Option(None, help="largest pipeline degree", callback=COUNT),
     min_dp: int = typer.Option(None, help="smallest data-parallel degree", callback=COUNT),
-    max_memory_gb: float = typer.Option(None, help="per-GPU memory limit, GiB", callback=AMOUNT),
-    memory_headroom: float = typer.Option(
-        0.0, help="fraction of GPU memory to keep free", callback=FRACTION
-    ),
+    max_memory_gb: float = defaults.max_memory_gb(),
+    memory_headroom: float = defaults.memory_headroom(),
     gpus_per_node: int = typer.Option(
         None,
         help="GPUs per node (default: the GPU's cluster); with slurm: ranks per node",
@@ -78,10 +73,9 @@ def search(
     out: Path = typer.Option(
         None, help="folder for results.csv, best.json, report.html", callback=OUT_FOLDER
     ),
-    framework: Framework = typer.Option(
-        None,
-        help="the framework that will run it: its layouts, overlaps and fused kernels "
-        "(default: the --emit framework, else megatron)",
+    framework: Framework = defaults.framework(
+        "the framework that will run it: its layouts, overlaps and fused kernels "
+        "(the --emit framework when only --emit is given)"
     ),
     emit: Framework = typer.Option(None, help="print the best as that framework's settings"),
     measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
@@ -133,21 +127,25 @@ def search(
     """Rank every valid parallel layout of a model on N GPUs by predicted throughput; with
     --measure, confirm the best with short profiled runs of the bundled trainer."""
     fixed = layout.parse_fix(fix)
-    if profile is not None and gpu is not None:
+    if profile is not None and not defaults.defaulted(ctx, "gpu"):
         raise UserError("profile: give --profile or --gpu, not both")
     cpu = on_cpu(measure, device)
+    if cpu and defaults.defaulted(ctx, "gpu"):
+        gpu = "cpu-gloo"
     # --profile is always a file, whatever its name (catalog.get_gpu reads paths as files).
     profile = str(Path(profile).absolute()) if profile is not None else None
-    gpu = profile or gpu or ("cpu-gloo" if cpu else "h100-sxm-80gb")
+    gpu = profile or gpu
     if measure and trial_memory_gb is not None and max_memory_gb is None:
         max_memory_gb = trial_memory_gb  # predict against the cap the trials will run under
-    if cpu and gbs is None:
+    cpu_batch = cpu and gbs is None
+    if cpu_batch:
         gbs = min(4 * gpus, MAX_COUNT)  # CPU trials: a few sequences per rank
     if measure and out is None:
         if resume:
             raise UserError("out: --resume needs the --out folder of the search to continue")
         out = Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
-    framework = framework or emit or Framework.MEGATRON
+    if emit is not None and defaults.defaulted(ctx, "framework"):
+        framework = emit
     catalog.get_gpu(gpu)  # an unknown name is one line before any work starts
     catalog.get_framework(framework.value)
     opts = measure_options(locals(), cpu) if measure else None
@@ -171,6 +169,15 @@ def search(
             memory_headroom=memory_headroom,
             gpus_per_node=gpus_per_node,
             framework=framework.value,
+        )
+        defaults.announce(
+            ctx,
+            {
+                "gpu": gpu,
+                "gbs": f"{gbs} sequences, 4 per rank for CPU trials" if cpu_batch else "",
+                "precision": precision.value,
+                "framework": framework.value,
+            },
         )
         if opts is not None:
             raise typer.Exit(_measure(result, model, gpu, opts))

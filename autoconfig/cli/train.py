@@ -7,8 +7,10 @@ from pathlib import Path
 import typer
 
 from autoconfig import checks
+from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import COUNT, COUNT0, OUT_FOLDER, SEED, checked
+from autoconfig.errors import UserError
 from autoconfig.vocab import Device, Recompute
 
 ZERO = checked(checks.integer, low=0, high=3)
@@ -16,6 +18,7 @@ ZERO = checked(checks.integer, low=0, high=3)
 
 @app.command()
 def train(
+    ctx: typer.Context,
     model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
     config: Path = typer.Option(None, help="a trainer configuration JSON instead of flags"),
     layers: int = typer.Option(None, help="keep only this many layers", callback=COUNT),
@@ -30,28 +33,36 @@ def train(
     dp: int = typer.Option(None, help="default: nproc / (tp*pp*cp)", callback=COUNT),
     cp: int = typer.Option(1, help="context parallel degree", callback=COUNT),
     ep: int = typer.Option(1, help="expert parallel degree", callback=COUNT),
-    sp: bool = typer.Option(False, help="sequence parallelism (with tp > 1)"),
+    sp: bool = defaults.sp(),
     mbs: int = typer.Option(1, help="micro-batch size", callback=COUNT),
     gbs: int = typer.Option(
         None, help="global batch (default dp*mbs, x pp with pipelining)", callback=COUNT
     ),
-    recompute: Recompute = typer.Option(Recompute.NONE),
+    recompute: Recompute = defaults.recompute(),
     recompute_layers: int = typer.Option(
         None, help="with full: layers per stage recomputed", callback=COUNT0
     ),
-    zero: int = typer.Option(0, help="0 DDP, 1 +sharded optimizer, 2/3 FSDP2", callback=ZERO),
+    zero: int = defaults.zero(),
     capacity_factor: float = typer.Option(
         None, help="MoE: tokens an expert takes, as a multiple of its even share (default: all)"
     ),
-    precision: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp32"),
+    precision: str = typer.Option(
+        defaults.PRECISION.value,
+        help="bf16 or fp32; auto: bf16 on GPU, fp32 on CPU (the default on CPU)",
+    ),
     device: Device = typer.Option(Device.AUTO),
     steps: int = typer.Option(10, callback=COUNT),
     warmup: int = typer.Option(2, help="steps left out of the median step time", callback=COUNT0),
     seed: int = typer.Option(1234, callback=SEED),
     compile: bool = typer.Option(False, help="torch.compile each layer"),
     slice: bool = typer.Option(False, help="one device with the per-rank shapes of --tp"),
-    gpu: str = typer.Option(None, help="GPU profile for MFU (default: detected)"),
-    nproc: int = typer.Option(None, help="local ranks to spawn (default tp*pp*dp)", callback=COUNT),
+    gpu: str = typer.Option(
+        None, show_default="the GPU detected", help="GPU profile for MFU (training runs here)"
+    ),
+    gpus: int = typer.Option(
+        None, help="local ranks to spawn (default tp*pp*cp*dp)", callback=COUNT
+    ),
+    nproc: int = typer.Option(None, hidden=True, help="the old name of --gpus", callback=COUNT),
     out: Path = typer.Option(
         None, help="run folder (default runs/train-<time>)", callback=OUT_FOLDER
     ),
@@ -59,6 +70,23 @@ def train(
     """Run the bundled trainer for a few steps and write metrics.json."""
     # torch takes seconds to import: only `train` pays for it.
     from autoconfig.trainer import cli_train
+
+    if gpus is not None and nproc is not None and gpus != nproc:
+        raise UserError("gpus: give --gpus (or its old name --nproc), not both")
+    if defaults.defaulted(ctx, "precision"):
+        precision = "auto"  # bf16 on a GPU; a CPU trains in fp32 unless asked
+    if sp is None:
+        sp = tp > 1
+    if config is None:
+        defaults.announce(
+            ctx,
+            {
+                "sp": "on" if sp else "off",
+                "zero": zero,
+                "recompute": recompute.value,
+                "precision": "bf16 (fp32 on CPU)",
+            },
+        )
 
     code = cli_train.run(
         config=config,
@@ -88,7 +116,7 @@ def train(
             "slice": slice,
             "gpu": gpu,
         },
-        nproc=nproc,
+        nproc=gpus if gpus is not None else nproc,
         out=out,
     )
     raise typer.Exit(code)

@@ -127,7 +127,7 @@ def estimate_view(row: pd.Series) -> Group:
         f"  sp {'on' if resolved['sp'] else 'off'}",
     )
 
-    cap = float(row["mem_capacity_gb"])
+    cap = float(row.get("mem_limit_gb", row["mem_capacity_gb"]))
     mem = Table(title="Memory per GPU (GiB)", title_justify="left")
     mem.add_column("part")
     mem.add_column("GiB", justify="right")
@@ -262,10 +262,7 @@ def search_view(
         + "".join(f"; {n:,} pruned for {k}" for k, n in a["pruned"].items()),
     ]
     if a["gbs_chosen"]:
-        lines.append(
-            f"no --gbs given: used {a['gbs']} sequences "
-            f"({a['gbs'] * a['seq_len'] / 2**20:.1f}M tokens per step)"
-        )
+        lines.append(f"default gbs: {a['gbs_rule']}")
     if a["explanation"]:
         lines.append(a["explanation"])
     lines.extend(result.advice)

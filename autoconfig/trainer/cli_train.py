@@ -28,7 +28,7 @@ def run(config: Path | None, fields: dict, nproc: int | None, out: Path | None) 
         given = {k: v for k, v in fields.items() if v is not None}
         if nproc is not None:
             if nproc < 1:
-                raise UserError(f"nproc: must be a positive integer (got {nproc})")
+                raise UserError(f"gpus: must be a positive integer (got {nproc})")
             given["world_size"] = nproc
         cfg = make_config(**given)
     if cfg.gpu:

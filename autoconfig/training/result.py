@@ -26,6 +26,7 @@ class SearchRequest:
     constraints: Constraints
     framework: FrameworkSpec
     flash_attention: bool = True
+    gbs_rule: str = ""  # where the batch came from (training/batch.py), printed with results
 
 
 @dataclass
@@ -82,6 +83,7 @@ class SearchResult:
             "seq_len": r.seq_len,
             "gbs": r.gbs,
             "gbs_chosen": r.gbs_chosen,
+            "gbs_rule": r.gbs_rule,
             "precision": str(r.precision),
             "framework": r.framework.name,
             "layers": r.model.layers,

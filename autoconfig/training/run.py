@@ -13,20 +13,11 @@ from autoconfig.columns import Hardware, training_inputs
 from autoconfig.errors import UserError
 from autoconfig.specs import ModelSpec, SearchSpace
 from autoconfig.training.advice import closest_fix, fixed_values_missing
+from autoconfig.training.batch import default_batch
 from autoconfig.training.rank import Constraints, explain_winner, rank
 from autoconfig.training.result import SearchRequest, SearchResult
 from autoconfig.training.space import enumerate_candidates, load_space
 from autoconfig.vocab import Precision
-
-
-def default_gbs(model: ModelSpec, seq_len: int, gpus: int) -> int:
-    """A batch of about 4M tokens for large models (2M under 20B parameters), in a power of two
-    of sequences, the order of batch the GPT-3 and Llama 3 papers trained with."""
-    tokens = 4 * 2**20 if model.param_count() >= 20e9 else 2 * 2**20
-    gbs = 2 ** max(0, round(np.log2(tokens / seq_len)))
-    while gbs * 8 < gpus:  # room for data parallelism on very large clusters (Llama 3 405B
-        gbs *= 2  # trained with 16M-token batches on 16K GPUs)
-    return int(gbs)
 
 
 def make_request(
@@ -73,7 +64,8 @@ def make_request(
     seq = seq_len or spec.seq_len
     if spec.max_seq_len and seq > spec.max_seq_len:
         raise UserError(f"seq-len: {seq} exceeds {spec.name}'s context of {spec.max_seq_len}")
-    batch = gbs if gbs is not None else default_gbs(spec, seq, gpus)
+    rule = default_batch(spec, seq) if gbs is None else None
+    batch = gbs if rule is None else rule.gbs
     if batch < 1:
         raise UserError(f"gbs: must be a positive integer (got {batch})")
     space_spec = space if isinstance(space, SearchSpace) else load_space(space)
@@ -97,6 +89,7 @@ def make_request(
         seq_len=seq,
         gbs=batch,
         gbs_chosen=gbs is None,
+        gbs_rule=rule.rule if rule is not None else f"{batch} sequences (given)",
         precision=precision,
         space=space_spec,
         constraints=Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gb, memory_headroom),
@@ -151,9 +144,9 @@ def run(req: SearchRequest) -> SearchResult:
         return result
     for factor in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
         more = req.gpus * factor
-        batch = req.gbs if not req.gbs_chosen else default_gbs(req.model, req.seq_len, more)
+        batch = req.gbs  # the batch rule does not depend on the GPU count
         try:
-            bigger = evaluate_all(replace(req, gpus=more, gbs=batch))
+            bigger = evaluate_all(replace(req, gpus=more))
         except UserError:
             continue
         if bigger.feasible:

@@ -1,0 +1,75 @@
+"""`autoconfig plan`: the fewest GPUs (and the cheapest GPU type) that train a model on a
+number of tokens within a deadline and/or a budget."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from autoconfig import plan as planning
+from autoconfig.cli import defaults
+from autoconfig.cli.app import app
+from autoconfig.report import plan as plan_report
+from autoconfig.report import terminal
+from autoconfig.vocab import Framework, Precision
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    model: str = typer.Option(..., help="catalog name or path to a Hugging Face config.json"),
+    tokens: float = typer.Option(..., help="training tokens, e.g. 15e12"),
+    max_days: float = typer.Option(None, help="deadline: days of training at most"),
+    budget_usd: float = typer.Option(None, help="budget: USD at most (needs --gpu-hour-usd)"),
+    gpu: list[str] = typer.Option(
+        [defaults.GPU], help="GPU profile name or YAML; repeat to compare types"
+    ),
+    profile: str = typer.Option(None, help="a GPU profile YAML, e.g. from autoconfig calibrate"),
+    gpu_hour_usd: list[float] = typer.Option(
+        None, help="USD per GPU-hour: one for all --gpu, or one per --gpu in order"
+    ),
+    max_gpus: int = typer.Option(65536, help="largest GPU count to try"),
+    seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
+    gbs: int = defaults.gbs(),
+    precision: Precision = defaults.precision(),
+    framework: Framework = defaults.framework(),
+    max_memory_gb: float = defaults.max_memory_gb(),
+    memory_headroom: float = defaults.memory_headroom(),
+    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    out: Path = typer.Option(None, help="folder for plan.html (days and cost against GPUs)"),
+) -> None:
+    """The fewest GPUs that train MODEL on TOKENS within --max-days and/or --budget-usd, with the
+    best layout, days, cost, GPU-hours and energy; exit 1 when nothing meets the goal."""
+    goal = planning.Goal(tokens, max_days, budget_usd)
+    types = tuple(gpu) if profile is None else (profile,)
+    if profile is not None and not defaults.defaulted(ctx, "gpu"):
+        from autoconfig.errors import UserError
+
+        raise UserError("profile: give --profile or --gpu, not both")
+    planning.check(goal, types, tuple(gpu_hour_usd or ()), max_gpus)
+    print(f"planning {model} on {', '.join(types)} ...", file=sys.stderr)
+    result = planning.plan(
+        model,
+        goal,
+        types,
+        tuple(gpu_hour_usd or ()),
+        max_gpus=max_gpus,
+        gpus_per_node=gpus_per_node,
+        seq_len=seq_len,
+        gbs=gbs,
+        precision=precision.value,
+        framework=framework.value,
+        max_memory_gb=max_memory_gb,
+        memory_headroom=memory_headroom,
+    )
+    defaults.announce(
+        ctx, {"gpu": ", ".join(types), "precision": precision.value, "framework": framework.value}
+    )
+    terminal.print_view(plan_report.plan_view(result))
+    if out is not None:
+        path = plan_report.write_html(result, out)
+        print(f"wrote {path}", file=sys.stderr)
+    if result.chosen is None:
+        raise typer.Exit(1)
