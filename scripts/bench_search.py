@@ -27,7 +27,7 @@ def main() -> None:
         r = result.request
         # The evaluation alone, over the same candidates.
         spec, gpu = catalog.get_model(model), catalog.get_gpu("h100-sxm-80gb")
-        cands = enumerate_candidates(spec, gpus, r.gbs, r.seq_len, load_space(), 8)
+        cands = enumerate_candidates(spec, gpus, r.gbs, r.seq_len, load_space(), 8, r.framework)
         x = training_inputs(spec, Hardware(gpu, gpu.cluster), cands.table, r.gbs, r.seq_len)
         eval_s = float("inf")
         for _ in range(5):  # best of 5: tens of milliseconds are noisy on a shared machine

@@ -113,7 +113,8 @@ def candidates(
         names=["split", "precision", "kv", "max_seqs", "max_tokens"],
     ).to_frame(index=False)
     split = np.array(splits)[grid["split"].to_numpy()]
-    weights = grid["precision"].map(ServePrecision)
+    # enum members, not a Series: pandas may store mapped str-enums as plain strings
+    weights = [ServePrecision(p) for p in grid["precision"]]
     kv = [KvPrecision(k).resolve(w).value for k, w in zip(grid["kv"], weights, strict=True)]
     table = pd.DataFrame(
         {
@@ -121,7 +122,7 @@ def candidates(
             "pp": split[:, 1],
             "ep": split[:, 2],
             "replicas": req.gpus // (split[:, 0] * split[:, 1]),
-            "precision": grid["precision"].astype(str),
+            "precision": [w.value for w in weights],
             "kv_precision": kv,
             "max_num_seqs": grid["max_seqs"].astype(int),
             "max_num_batched_tokens": grid["max_tokens"].astype(int),
