@@ -15,7 +15,7 @@ from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.frame import read_training_rows, with_predictions
-from autoconfig.serve import goodput
+from autoconfig.serve import continuous
 from autoconfig.serve import search as serve_search
 from autoconfig.serve.predict import predict_frame
 from autoconfig.serve.request import Budget, Request
@@ -310,7 +310,7 @@ def infer(
             )
         )
     load = make_workload(workload, input_len, output_len, requests, seed)
-    return goodput.search(
+    return continuous.search(
         Request(
             model=model,
             gpu=gpu,

@@ -29,7 +29,6 @@ from autoconfig.cost.serving_sim import Limits, Simulated, Stop, simulate
 from autoconfig.cost.serving_step import StepModel, step_model, take
 from autoconfig.errors import UserError
 from autoconfig.serve.request import Request
-from autoconfig.serve.result import ServingResult
 from autoconfig.serve.search import min_gpus, tp_degrees
 from autoconfig.serve.workload import Lengths, Workload, chat
 from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
@@ -330,18 +329,28 @@ def _check(req: Request, spec: ModelSpec, workload: Workload) -> None:
         )
 
 
-def search(req: Request) -> ServingResult:
-    """Every continuous-batching candidate with its analytic figures; the most promising
-    simulated at a ladder of rates; ranked by goodput per GPU (or, with a request rate, those
-    that meet the SLOs at it first)."""
-    # disaggregate.py builds on this module's simulation helpers, so it is imported here.
-    from autoconfig.serve.disaggregate import disaggregated
+@dataclass
+class Colocated:
+    """The colocated deployments simulated for a request, and what the disaggregated pools
+    (serve/disaggregate.py) build on."""
 
+    spec: ModelSpec
+    hardware: tuple
+    workload: Workload
+    slo: Slo
+    deps: Deployments
+    table: pd.DataFrame  # one row per deployment, the simulated ones with their goodput
+    frames: list
+
+
+def colocated(req: Request) -> Colocated:
+    """Every continuous-batching candidate with its analytic figures; the most promising
+    simulated at a ladder of rates (unranked: serve/continuous.py ranks them with the
+    disaggregated pools)."""
     spec = catalog.get_model(req.model) if isinstance(req.model, str) else req.model
     workload = _lengths_workload(req)
     _check(req, spec, workload)
     hardware = gpu_and_cluster(req)
-    gpu = hardware[0]
     splits = layouts(req, spec, hardware[1].domain)
     if not splits:
         raise UserError(
@@ -392,23 +401,7 @@ def search(req: Request) -> ServingResult:
     out = _summarise(table, frames, chosen, slo, req, workload)
     out["pruned"] = np.where(out["pruned"] == "", pruned, out["pruned"])
     out["mode"] = "colocated"
-    if req.disaggregation and req.gpus >= 2:
-        extra = disaggregated(req, spec, hardware, workload, slo, deps, out, frames)
-        if len(extra):
-            out = pd.concat([out, extra], ignore_index=True)
-    out = _rank(out, req)
-    feasible = int(out["meets"].sum())
-    _, provenance = catalog.serving_constants(gpu)
-    return ServingResult(
-        request=req,
-        model=spec,
-        gpu=gpu,
-        table=out,
-        feasible=feasible,
-        constants=provenance,
-        closest=_closest(out, slo, req) if feasible == 0 else "",
-        workload=workload.describe(),
-    )
+    return Colocated(spec, hardware, workload, slo, deps, out, frames)
 
 
 def _pick(table: pd.DataFrame, score: np.ndarray, top: int) -> np.ndarray:
@@ -559,7 +552,7 @@ def _miss_ratio(row: pd.Series, slo: Slo, req: Request) -> float:
     return worst
 
 
-def _rank(out: pd.DataFrame, req: Request) -> pd.DataFrame:
+def rank(out: pd.DataFrame, req: Request) -> pd.DataFrame:
     p = f"latency_p{req.percentile:g}_ms"
     out = out.sort_values(
         ["meets", "goodput_rps_per_gpu", p, "tp", "pp"],
@@ -584,7 +577,7 @@ def label_of(row: pd.Series) -> str:
     )
 
 
-def _closest(out: pd.DataFrame, slo: Slo, req: Request) -> str:
+def closest(out: pd.DataFrame, slo: Slo, req: Request) -> str:
     """The simulated deployment that misses least; when none was simulated, of those that fit,
     the one taking the most requests/s if capacity ruled them out, else the one whose lone
     request comes nearest the TTFT and TPOT limits."""

@@ -1,0 +1,41 @@
+"""The continuous-batching search: the colocated deployments (goodput.py) and the
+disaggregated prefill/decode pools built on their simulations (disaggregate.py), ranked
+together by goodput per GPU."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from autoconfig import catalog
+from autoconfig.serve import goodput
+from autoconfig.serve.disaggregate import disaggregated
+from autoconfig.serve.request import Request
+from autoconfig.serve.result import ServingResult
+
+
+def search(req: Request) -> ServingResult:
+    """Every continuous-batching candidate with its analytic figures; the most promising
+    simulated at a ladder of rates; ranked by goodput per GPU (or, with a request rate, those
+    that meet the SLOs at it first)."""
+    part = goodput.colocated(req)
+    out = part.table
+    if req.disaggregation and req.gpus >= 2:
+        extra = disaggregated(
+            req, part.spec, part.hardware, part.workload, part.slo, part.deps, out, part.frames
+        )
+        if len(extra):
+            out = pd.concat([out, extra], ignore_index=True)
+    out = goodput.rank(out, req)
+    feasible = int(out["meets"].sum())
+    gpu = part.hardware[0]
+    _, provenance = catalog.serving_constants(gpu)
+    return ServingResult(
+        request=req,
+        model=part.spec,
+        gpu=gpu,
+        table=out,
+        feasible=feasible,
+        constants=provenance,
+        closest=goodput.closest(out, part.slo, req) if feasible == 0 else "",
+        workload=part.workload.describe(),
+    )
