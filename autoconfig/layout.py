@@ -236,7 +236,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
         searched=(1,),
         structural=True,
         flags={
-            MEGATRON: {1: "", ANY: "--expert-tensor-parallel-size {etp}"},
+            MEGATRON: "--expert-tensor-parallel-size {megatron_etp}",  # absent: etp = tp
             NEMO: "recipe.trainer.strategy.expert_tensor_parallel_size = {etp}",
             TORCHTITAN: {1: "", ANY: "expert_tensor_parallel_degree = {etp}"},
             DEEPSPEED: {1: ""},

@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 from conftest import assert_user_error, run_cli
 
-from autoconfig import api, catalog
+from autoconfig import api, catalog, layout
 from autoconfig.cost import evaluate
 from autoconfig.errors import UserError
+from autoconfig.report import exports
 from autoconfig.resolve import read_resolved
 
 
@@ -21,6 +22,19 @@ def test_megatron_search_never_proposes_zero2_or_fsdp_with_pipelining() -> None:
     assert not (table["zero"] == 2).any()
     assert not ((table["zero"] == 3) & (table["pp"] > 1)).any()
     assert sum(result.left_out.values()) > 0  # and it says how many it left out
+
+
+def test_megatron_export_states_expert_tensor_parallelism_when_it_differs_from_tp() -> None:
+    """Megatron-Core sets expert_tensor_parallel_size to tp when the flag is absent: an MoE
+    layout with experts unsplit (etp 1) under tp 4 must say so; a dense model needs no flag."""
+    row = layout.plain(layout.Layout(tp=4, pp=1, dp=8, ep=8, etp=1, mbs=1).model_dump())
+    moe = exports.export("megatron", row, 32, 256, 4096, "bf16", experts=64)
+    assert "--expert-tensor-parallel-size 1" in moe
+    assert "--expert-tensor-parallel-size" not in exports.export(
+        "megatron", row, 32, 256, 4096, "bf16"
+    )
+    same = exports.export("megatron", row | {"etp": 4, "ep": 2}, 32, 256, 4096, "bf16", experts=64)
+    assert "--expert-tensor-parallel-size" not in same
 
 
 def test_composer_runs_no_pipeline_and_no_tensor_parallelism() -> None:

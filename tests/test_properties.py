@@ -48,6 +48,11 @@ def test_memory_does_not_grow_with_parallelism(case, dim) -> None:
     model, layout = case
     if dim == "pp" and layout["pp"] == 8:
         return
+    # Under pipelining a ZeRO-3 stage keeps its weights gathered and its gradients unreduced
+    # for the whole step (torchtitan with PP; cost/memory.py state_bytes): going from pp 1 to
+    # pp 2 trades a 1/dp shard of the model for half of it, gathered. That growth is physics.
+    if dim == "pp" and layout["zero"] >= 3:
+        return
     bigger = dict(layout, **{dim: layout[dim] * 2})
     assert _peak(model, bigger) <= _peak(model, layout) * (1 + 1e-9)
 

@@ -14,6 +14,7 @@ from autoconfig.cost.kv_cache import kv_capacity
 from autoconfig.cost.max_load import BOUNDS, max_load
 from autoconfig.cost.serving_sim import Limits, Trace, poisson_arrivals, simulate
 from autoconfig.cost.serving_step import step_model, take
+from autoconfig.serve.disaggregate import _split
 from autoconfig.vocab import GIB
 
 
@@ -175,3 +176,26 @@ def test_disaggregated_roles() -> None:
     sim = simulate(step, trace, lim)
     np.testing.assert_allclose(sim.latency[1], sim.ttft[1])  # done at the first token
     assert np.nanmedian(sim.ttft[2]) < 0.5 * np.nanmedian(sim.ttft[0])  # no prompt to compute
+
+
+def test_pool_split_is_the_best_of_every_split_on_any_cluster_size() -> None:
+    """The prefill/decode instance counts that maximise min(x g_p, y g_d) on `total` GPUs:
+    the bisection agrees with trying every x, and a cluster of 2^40 GPUs takes no longer."""
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        total = int(rng.integers(1, 400))
+        p_gpus, d_gpus = (float(rng.choice([1, 2, 4, 8])) for _ in range(2))
+        g_p, g_d = (float(v) for v in rng.uniform(0.1, 5.0, 2))
+        tried = [
+            (x, int((total - x * p_gpus) // d_gpus)) for x in range(1, int(total // p_gpus) + 1)
+        ]
+        tried = [(x, y, min(x * g_p, y * g_d)) for x, y in tried if y >= 1]
+        best = max(tried, key=lambda t: t[2], default=None)
+        got = _split(total, p_gpus, d_gpus, g_p, g_d)
+        if best is None:
+            assert got is None
+        else:
+            assert got is not None and got[2] == pytest.approx(best[2], rel=1e-12)
+            assert got[0] * p_gpus + got[1] * d_gpus <= total
+    x, y, goodput = _split(2**40, 8.0, 1.0, 3.0, 1.0)
+    assert x * 8 + y <= 2**40 and goodput == pytest.approx(3.0 * 2**40 / 11.0, rel=1e-9)

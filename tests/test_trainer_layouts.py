@@ -14,6 +14,7 @@ import pytest
 
 from autoconfig import api
 from autoconfig.errors import UserError
+from autoconfig.trainer import prediction
 from autoconfig.trainer.config import TrainConfig, config_from_search_row, make_config
 from autoconfig.trainer.launch import launch_local
 from autoconfig.trainer.metrics import RunMetrics
@@ -32,7 +33,7 @@ LAYOUTS = {
     "cp2 learned positions, tied": ("tiny-gpt", {"cp": 2}),
     "dp2 ep2 ZeRO-1": ("tiny-moe", {"dp": 2, "ep": 2, "zero": 1}),
     "cp2 ep2 ZeRO-3": ("tiny-moe", {"cp": 2, "ep": 2, "zero": 3}),
-    "MoE tp2+sp x dp2 ep2": ("tiny-moe", {"tp": 2, "sp": True, "dp": 2, "ep": 2}),
+    "MoE tp2+sp x dp2 ep2": ("tiny-moe", {"tp": 2, "sp": True, "dp": 2, "ep": 2, "etp": 2}),
 }
 
 
@@ -90,21 +91,9 @@ def test_saved_activations_match_the_cost_model(tmp_path, model, layout) -> None
     code, metrics = launch_local(cfg, tmp_path)
     assert code == 0, metrics.message
     per_rank = [r.saved_activation_bytes_per_layer for r in metrics.memory]
-    predicted = api.estimate(
-        cfg.spec(),
-        "h100-sxm-80gb",
-        cfg.world,
-        tp=cfg.tp,
-        dp=cfg.resolved_dp,
-        cp=cfg.cp,
-        ep=cfg.ep,
-        sp=cfg.sp,
-        mbs=cfg.mbs,
-        gbs=cfg.global_batch,
-        seq_len=cfg.seq(),
-        zero=cfg.zero,
-        sp_saves_gathered=True,  # DTensor SP keeps the all-gathered inputs
-    ).iloc[0]["act_bytes_per_layer"]
+    # The prediction `train` prints: this run's layout and precision, the trainer's kernels
+    # (unfused; DTensor SP keeps the all-gathered inputs), not a framework's fused ones.
+    predicted = prediction.predicted(cfg, "h100-sxm-80gb", "cpu")["act_bytes_per_layer"]
     assert sum(per_rank) / len(per_rank) == pytest.approx(predicted, rel=0.03)
 
 
@@ -128,7 +117,7 @@ def test_capacity_drops_the_same_tokens_with_and_without_expert_parallelism(tmp_
     ("fields", "message"),
     [
         ({"model": "tiny-moe", "ep": 3, "dp": 3}, "ep: must divide num_experts"),
-        ({"model": "tiny-moe", "ep": 4, "dp": 2}, "ep: must divide dp*cp"),
+        ({"model": "tiny-moe", "ep": 4, "dp": 2}, "ep: ep*etp must divide tp*dp*cp"),
         ({"model": "tiny-llama", "ep": 2, "dp": 2}, "ep: expert parallelism needs an MoE model"),
         ({"model": "tiny-llama", "cp": 3}, "cp: 2*cp must divide seq_len"),
         ({"model": "tiny-llama", "cp": 2, "tp": 4, "sp": True, "seq_len": 20}, "sp: tp 4"),
@@ -153,7 +142,7 @@ def test_a_bad_expert_layout_exits_2_before_any_process_starts(tmp_path) -> None
         timeout=120,
     )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["error: ep: must divide dp*cp"]
+    assert done.stderr.strip().splitlines() == ["error: ep: ep*etp must divide tp*dp*cp"]
     assert not (tmp_path / "rank0.json").exists()
 
 
@@ -177,6 +166,10 @@ def _refusals(model: str, gpus: int) -> tuple[int, dict[str, int]]:
 # tp above the KV heads: the search proposes it (Megatron-LM replicates KV heads), the bundled
 # trainer does not replicate them yet. Nothing else may be refused at launch.
 KV_REPLICATION = "does not divide kv_heads"
+# MoE under tp with whole experts on each tp rank (etp 1 < tp, Megatron's common MoE setting):
+# the bundled trainer splits experts over every tp rank only. Both gaps are open in issue 17.
+EXPERTS_WHOLE_UNDER_TP = "etp: the bundled trainer splits experts over every tp rank"
+KNOWN_GAPS = (KV_REPLICATION, EXPERTS_WHOLE_UNDER_TP)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +184,7 @@ KV_REPLICATION = "does not divide kv_heads"
 def test_every_layout_the_search_proposes_is_accepted_by_the_trainer(model, gpus) -> None:
     proposed, refused = _refusals(model, gpus)
     assert proposed > 100
-    assert {reason for reason in refused if KV_REPLICATION not in reason} == set()
+    assert {r for r in refused if not any(gap in r for gap in KNOWN_GAPS)} == set()
 
 
 MOE_SPACE = """\

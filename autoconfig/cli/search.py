@@ -187,7 +187,12 @@ def search(
             print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
     if emit is not None and result.best is not None:
         r = result.request
-        print(exports.export(emit, result.best, r.model.layers, r.gbs, r.seq_len, r.precision))
+        print(
+            exports.export(
+                emit, result.best, r.model.layers, r.gbs, r.seq_len, r.precision,
+                experts=r.model.num_experts,
+            )
+        )  # fmt: skip
     if not result.feasible:
         sys.exit(1)
 

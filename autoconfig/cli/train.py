@@ -77,16 +77,18 @@ def train(
         precision = "auto"  # bf16 on a GPU; a CPU trains in fp32 unless asked
     if sp is None:
         sp = tp > 1
-    if config is None:
-        defaults.announce(
-            ctx,
-            {
-                "sp": "on" if sp else "off",
-                "zero": zero,
-                "recompute": recompute.value,
-                "precision": "bf16 (fp32 on CPU)",
-            },
-        )
+
+    def announce_defaults() -> None:  # once the layout is accepted: a refusal is one line
+        if config is None:
+            defaults.announce(
+                ctx,
+                {
+                    "sp": "on" if sp else "off",
+                    "zero": zero,
+                    "recompute": recompute.value,
+                    "precision": "bf16 (fp32 on CPU)",
+                },
+            )
 
     code = cli_train.run(
         config=config,
@@ -118,5 +120,6 @@ def train(
         },
         nproc=gpus if gpus is not None else nproc,
         out=out,
+        on_accepted=announce_defaults,
     )
     raise typer.Exit(code)

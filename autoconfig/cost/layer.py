@@ -227,7 +227,8 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             "router",
             "gemm",
             flops=moe * 2.0 * h * x.experts,
-            saved=moe * 4.0 * x.experts,
+            # the token itself (the router GEMM's input, like a dense MLP's) and fp32 logits
+            saved=moe * (gemm_in * h / gathered_in + 4.0 * x.experts),
             gemm_k=h,
             gemm_n=x.experts,
             weight_bytes=moe * 2.0 * h * x.experts,

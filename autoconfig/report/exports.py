@@ -59,10 +59,15 @@ HEADER = {
 YAML = (Framework.NANOTRON, Framework.COMPOSER)
 
 
-def context(row: Mapping[str, Any], layers: int, gbs: int, seq_len: int, precision: str) -> dict:
+def context(
+    row: Mapping[str, Any], layers: int, gbs: int, seq_len: int, precision: str, experts: int = 0
+) -> dict:
     """Every value a flag template may name: the layout, the run, and derived values (None
     where they do not apply, which leaves their flag out)."""
     c: dict[str, Any] = {**layout.plain(row), "layers": layers, "gbs": gbs, "seq_len": seq_len}
+    # Megatron-Core sets expert_tensor_parallel_size to tp when the flag is absent
+    # (ModelParallelConfig.__post_init__): an MoE layout with etp != tp must say so.
+    c["megatron_etp"] = c["etp"] if experts and c["etp"] != c["tp"] else None
     pp, vp, dp, mbs = c["pp"], c["vp"], c["dp"], c["mbs"]
     uneven = pp > 1 and layers % pp
     c["uneven_last_stage_layers"] = _last_stage_layers(layers, pp) if uneven else None
@@ -135,9 +140,11 @@ def lines(
     gbs: int,
     seq_len: int,
     precision: str,
+    experts: int = 0,
 ) -> list[str]:
-    """The framework's settings for the layout in `row`, one per line, in declaration order."""
-    ctx = context(row, layers, gbs, seq_len, precision)
+    """The framework's settings for the layout in `row` (of a model with `experts` routed
+    experts), one per line, in declaration order."""
+    ctx = context(row, layers, gbs, seq_len, precision, experts)
     out: list[str] = []
     for d in layout.DIMENSIONS:
         out += [t for t in (_render(t, ctx) for t in _templates(d, framework, row[d.name])) if t]
@@ -152,10 +159,11 @@ def export(
     gbs: int,
     seq_len: int,
     precision: str,
+    experts: int = 0,
 ) -> str:
     """The launch settings as text the framework reads."""
     framework = Framework.parse(framework, "emit")
-    settings = lines(framework, row, layers, gbs, seq_len, precision)
+    settings = lines(framework, row, layers, gbs, seq_len, precision, experts)
     if framework is Framework.NEMO:
         return "\n".join([HEADER[framework], *settings])
     if framework is Framework.TORCHTITAN:

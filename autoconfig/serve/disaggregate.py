@@ -13,6 +13,8 @@ in one NVLink domain, else over the GPUs' network links in parallel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -108,15 +110,32 @@ def disaggregated(
 def _split(
     total: int, prefill_gpus: float, decode_gpus: float, g_p: float, g_d: float
 ) -> tuple[int, int, float] | None:
-    """Instance counts x, y on at most `total` GPUs that maximise min(x g_p, y g_d)."""
+    """Instance counts x, y on at most `total` GPUs that maximise min(x g_p, y g_d), the
+    smallest such x. x g_p grows with x and y(x) g_d (y the decode instances the rest of the
+    GPUs hold) never does, so the best x sits where they cross: found by bisection, in
+    O(log total) steps on a cluster of any size."""
+
+    def decode_instances(x: int) -> int:
+        return int((total - x * prefill_gpus) // decode_gpus)
+
+    def last(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+        """The largest x in [lo, hi] with ok(x) (ok holds up to a point), or lo - 1."""
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if ok(mid) else (lo, mid - 1)
+        return hi
+
+    x_max = last(lambda x: decode_instances(x) >= 1, 1, int(total // prefill_gpus))
+    if x_max < 1:
+        return None
+    cross = last(lambda x: x * g_p <= decode_instances(x) * g_d, 1, x_max)
     best = None
-    for x in range(1, int(total // prefill_gpus) + 1):
-        y = int((total - x * prefill_gpus) // decode_gpus)
-        if y < 1:
-            break
-        goodput = min(x * g_p, y * g_d)
-        if best is None or goodput > best[2]:
-            best = (x, y, goodput)
+    for x in (cross, cross + 1):
+        if 1 <= x <= x_max:
+            y = decode_instances(x)
+            goodput = min(x * g_p, y * g_d)
+            if best is None or goodput > best[2]:
+                best = (x, y, goodput)
     return best
 
 

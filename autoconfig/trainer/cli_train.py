@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -18,7 +19,15 @@ from autoconfig.trainer.metrics import RunMetrics
 from autoconfig.vocab import Device
 
 
-def run(config: Path | None, fields: dict, nproc: int | None, out: Path | None) -> int:
+def run(
+    config: Path | None,
+    fields: dict,
+    nproc: int | None,
+    out: Path | None,
+    on_accepted: Callable[[], None] = lambda: None,
+) -> int:
+    """Check the run, then (`on_accepted`: e.g. the defaults line, never before a refusal)
+    launch it on local ranks and show what it measured beside the prediction."""
     if config is not None:
         cfg = load_config(config)
     else:
@@ -35,6 +44,7 @@ def run(config: Path | None, fields: dict, nproc: int | None, out: Path | None) 
         catalog.get_gpu(cfg.gpu)
     if machine.resolve(cfg.device) is Device.CPU:
         check_fits(cfg)  # before the ranks allocate: one line, not the OOM killer
+    on_accepted()
     out = out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     console = Console(stderr=True)
     console.print(f"[dim]training on {cfg.world} rank(s), results in {out}[/dim]")
