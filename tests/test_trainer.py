@@ -81,9 +81,18 @@ def test_the_reference_run_really_trains(single, tmp_path) -> None:
         assert abs(got - trained) > 100 * RTOL * trained
 
 
+# Four-rank layouts whose parts the default run already checks (tp2 x dp2 ZeRO-1 and
+# tp2+sp x dp2 ZeRO-2 in test_trainer_layouts.py): CI's second pass (-m slow) runs them.
+SLOW_LAYOUTS = {"tp2 x dp2", "tp2+sp x dp2 FSDP"}
+
+
 @pytest.mark.parametrize(
     ("model", "layout"),
-    [("tiny-llama", v) for v in LAYOUTS.values()] + [("tiny-gpt", v) for v in GPT_LAYOUTS.values()],
+    [
+        pytest.param("tiny-llama", v, marks=[pytest.mark.slow] if k in SLOW_LAYOUTS else [])
+        for k, v in LAYOUTS.items()
+    ]
+    + [("tiny-gpt", v) for v in GPT_LAYOUTS.values()],
     ids=[*LAYOUTS, *GPT_LAYOUTS],
 )
 def test_layout_trains_like_one_process(single, tmp_path, model, layout) -> None:
@@ -117,7 +126,10 @@ ACTIVATION_LAYOUTS = [
 
 @pytest.mark.parametrize(
     "layout",
-    ACTIVATION_LAYOUTS,
+    [  # tp 4 (four ranks) repeats tp 2's formula: CI's second pass (-m slow) runs it
+        pytest.param(d, marks=[pytest.mark.slow] if d["tp"] == 4 else [])
+        for d in ACTIVATION_LAYOUTS
+    ],
     ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()),
 )
 def test_saved_activations_match_the_cost_model(tmp_path, layout) -> None:
@@ -136,7 +148,12 @@ def test_saved_activations_match_the_cost_model(tmp_path, layout) -> None:
 
 @pytest.mark.parametrize(
     "layout",
-    [{"tp": 2}, {"dp": 2, "zero": 3}, {"tp": 2, "dp": 2, "zero": 3}, {"pp": 2}],
+    [
+        {"tp": 2},
+        {"dp": 2, "zero": 3},
+        pytest.param({"tp": 2, "dp": 2, "zero": 3}, marks=pytest.mark.slow),  # four ranks
+        {"pp": 2},
+    ],
     ids=["tp2", "fsdp2", "tp2-fsdp2", "pp2"],
 )
 def test_parameter_gradient_optimizer_bytes_are_exact(tmp_path, layout) -> None:
