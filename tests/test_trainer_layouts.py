@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from autoconfig import api
+from autoconfig.cli.app import execute
 from autoconfig.errors import UserError
 from autoconfig.trainer import prediction
 from autoconfig.trainer.config import TrainConfig, config_from_search_row, make_config
@@ -194,6 +195,7 @@ vp: [1]
 cp: [1, 2]
 ep: [1, 2]
 mbs: [1]
+etp: [1, 2]
 sp: [true, false]
 recompute: [none]
 zero: [0]
@@ -205,8 +207,9 @@ min_tokens_per_cp_rank: 16
 def test_a_cpu_measured_search_of_an_moe_model_over_ep_tp_cp_classifies_every_trial(
     tmp_path,
 ) -> None:
-    """Two gloo ranks, six candidates (dp2 or cp2, each with ep 1 or 2; tp2 with and without
-    sp): every one is launched (none is recorded invalid) and each trial ends with a class."""
+    """Two gloo ranks, six runnable candidates (dp2 or cp2, each with ep 1 or 2; tp2 with its
+    experts split over both tp ranks, with and without sp): every one is launched and ends ok.
+    Expert-tensor layouts the trainer cannot run (etp other than tp) are left out before launch."""
     space = tmp_path / "space.yaml"
     space.write_text(MOE_SPACE)
     out = tmp_path / "run"
@@ -221,11 +224,15 @@ def test_a_cpu_measured_search_of_an_moe_model_over_ep_tp_cp_classifies_every_tr
         timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    trials = pd.read_csv(out / "trials.csv")
-    assert len(trials) == 6
-    assert (trials["class"] == "ok").all(), trials[["key", "class", "reason"]].to_string()
+    trials = pd.read_csv(out / "trials.csv", keep_default_na=False)
+    ran = trials[trials["class"] != "invalid"]
+    assert len(ran) == 6
+    assert (ran["class"] == "ok").all(), trials[["key", "class", "reason"]].to_string()
     for part in ("-ep2-", "-cp2-", "-tp2-"):
-        assert trials["key"].str.contains(part).any(), part
+        assert ran["key"].str.contains(part).any(), part
+    refused = trials[trials["class"] == "invalid"]
+    assert refused["reason"].str.startswith(EXPERTS_WHOLE_UNDER_TP).all(), refused.to_string()
+    assert (refused["key"].str.contains("-tp1-") & refused["key"].str.contains("-etp2-")).all()
 
 
 def test_the_prediction_uses_the_precision_and_profile_that_ran(tmp_path) -> None:
@@ -238,3 +245,32 @@ def test_the_prediction_uses_the_precision_and_profile_that_ran(tmp_path) -> Non
     assert pred["pred_step_time_s"] > 0
     measured = max(r.saved_activation_bytes_per_layer for r in metrics.memory)
     assert pred["act_bytes_per_layer"] == pytest.approx(measured, rel=0.03)
+
+
+def test_moe_experts_follow_tp_unless_etp_is_given() -> None:
+    """Megatron-Core's default (etp = tp when --expert-tensor-parallel-size is absent) for MoE
+    models; a dense model keeps etp 1; an etp the trainer cannot run is refused in one line."""
+    assert make_config(model="tiny-moe", tp=2, dp=1, gbs=2).etp == 2
+    assert make_config(model="tiny-llama", tp=2, dp=1, gbs=2).etp == 1
+    for tp, etp in ((2, 1), (1, 2)):
+        with pytest.raises(UserError, match=r"^etp: the bundled trainer splits experts"):
+            make_config(model="tiny-moe", tp=tp, etp=etp, dp=2 // tp, gbs=2)
+
+
+def test_the_trainer_predicts_the_model_it_builds() -> None:
+    """A hybrid Mamba/MoE model cut to two layers is built (and predicted) as two attention +
+    MoE layers: no Mamba blocks, and no block counts left over from the full depth."""
+    cfg = make_config(model="nemotron-3-nano", layers=2, seq_len=128, slice=True, tp=32)
+    built = cfg.trained_spec()
+    assert built.mamba is None and built.mla is None
+    assert built.attn_layers == built.ffn_layers == built.moe_layers == 2
+    assert cfg.spec().mamba is not None  # the catalog spec itself is untouched
+
+
+def test_a_slice_trains_without_sequence_parallelism_by_default(tmp_path) -> None:
+    """--slice --tp T runs one device with one tp rank's shapes: sp defaults off there (it
+    defaulted on with tp > 1 and refused the run)."""
+    args = ["train", "--model", "tiny-llama", "--slice", "--tp", "2", "--layers", "2"]
+    args += ["--seq-len", "32", "--device", "cpu", "--steps", "2", "--warmup", "1"]
+    assert execute([*args, "--out", str(tmp_path / "run")]) == 0
+    assert execute([*args, "--sp", "--out", str(tmp_path / "sp")]) == 2

@@ -75,8 +75,8 @@ def train(
         raise UserError("gpus: give --gpus (or its old name --nproc), not both")
     if defaults.defaulted(ctx, "precision"):
         precision = "auto"  # bf16 on a GPU; a CPU trains in fp32 unless asked
-    if sp is None:
-        sp = tp > 1
+    if sp is None:  # a slice runs one device: its tp shapes have no sequence to split
+        sp = tp > 1 and not slice
 
     def announce_defaults() -> None:  # once the layout is accepted: a refusal is one line
         if config is None:

@@ -19,6 +19,29 @@ from autoconfig.specs import ModelSpec
 from autoconfig.vocab import ZeroStage
 
 
+def as_built(spec: ModelSpec) -> ModelSpec:
+    """The model the bundled trainer builds from `spec`: every layer one attention block (full
+    multi-head or grouped-query attention) and one MLP, or one MoE layer for an MoE model, whose
+    shared experts are `shared_experts` experts of the routed width. Mamba blocks, MLA, latent
+    MoE, dense first layers, MoE on every k-th layer only, sliding windows and MTP heads are not
+    built, so the prediction printed beside a run and its memory check describe what ran."""
+    return spec.model_copy(
+        update={
+            "attention_layers": None,
+            "mlp_layers": None,
+            "mamba": None,
+            "mla": None,
+            "moe_latent": None,
+            "dense_layers": 0,
+            "moe_every": 1,
+            "sliding_window": None,
+            "sliding_window_layers": 0,
+            "mtp_layers": 0,
+            "shared_expert_ffn": None,
+        }
+    )
+
+
 class TrainConfig(Layout):
     """One trainer run: a layout (every dimension of autoconfig.layout, with its defaults) and
     what the trainer needs besides. `model` is a catalog name, a config.json path, or a full
@@ -87,6 +110,20 @@ class TrainConfig(Layout):
                 data["dp"] = max(int(world) // max(split, 1), 1)
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _experts_follow_tp(cls, data: Any) -> Any:
+        """An MoE model's experts split over the tp ranks unless etp is given (Megatron-Core's
+        default: --expert-tensor-parallel-size absent means etp = tp)."""
+        if not isinstance(data, dict) or data.get("etp") is not None or data.get("tp") is None:
+            return data
+        model = data.get("model")
+        try:
+            spec = model if isinstance(model, ModelSpec) else catalog.get_model(str(model))
+        except UserError:
+            return data  # the unknown model is reported where the spec is built
+        return {**data, "etp": data["tp"]} if spec.is_moe else data
+
     def spec(self) -> ModelSpec:
         """The model as trained: the catalog spec with `layers` / `seq_len` overrides."""
         base = self.model if isinstance(self.model, ModelSpec) else catalog.get_model(self.model)
@@ -100,9 +137,10 @@ class TrainConfig(Layout):
         return base.model_copy(update=update)
 
     def trained_spec(self) -> ModelSpec:
-        """What one process builds: the model, or in slice mode one TP rank's shapes
-        (heads, kv_heads, ffn and vocab divided by tp) as a one-device model."""
-        spec = self.spec()
+        """What one process builds: the model as the bundled trainer builds it (`as_built`),
+        or in slice mode one TP rank's shapes (heads, kv_heads, ffn and vocab divided by tp)
+        as a one-device model."""
+        spec = as_built(self.spec())
         if not self.slice:
             return spec
         tp = self.tp
@@ -193,14 +231,18 @@ class TrainConfig(Layout):
                 f"gbs: interleaved pipelining needs micro-batches ({self.micro_batches}) "
                 f"divisible by pp ({self.pp})",
             ),
-            (self.sp and tp == 1, "sp: sequence parallelism needs tp > 1"),
+            (
+                self.sp and tp == 1,
+                "sp: sequence parallelism needs tp > 1"
+                + ("; a slice runs one device (use --no-sp)" if self.slice else ""),
+            ),
             (
                 self.sp and (self.seq(spec) // self.cp) % self.tp != 0,
                 f"sp: tp {self.tp} does not divide the {self.seq(spec) // self.cp} tokens of a "
                 f"sequence on one cp rank (seq_len {self.seq(spec)} / cp {self.cp})",
             ),
             (
-                spec.is_moe and self.tp > 1 and self.etp != self.tp,
+                spec.is_moe and self.etp != self.tp,
                 f"etp: the bundled trainer splits experts over every tp rank (etp {self.tp}; "
                 f"got etp {self.etp})",
             ),
