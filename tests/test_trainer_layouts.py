@@ -35,6 +35,23 @@ LAYOUTS = {
     "dp2 ep2 ZeRO-1": ("tiny-moe", {"dp": 2, "ep": 2, "zero": 1}),
     "cp2 ep2 ZeRO-3": ("tiny-moe", {"cp": 2, "ep": 2, "zero": 3}),
     "MoE tp2+sp x dp2 ep2": ("tiny-moe", {"tp": 2, "sp": True, "dp": 2, "ep": 2, "etp": 2}),
+    # tp 4 above tiny-moe's 2 K/V heads: each K/V head on the two ranks whose query heads use it
+    "tp4 over 2 K/V heads": ("tiny-moe", {"tp": 4}),
+    "tp4+sp over 2 K/V heads": ("tiny-moe", {"tp": 4, "sp": True}),
+    # etp 1: whole experts on each tp rank, which routes its share of the tokens
+    "MoE tp2 whole experts": ("tiny-moe", {"tp": 2, "etp": 1}),
+    "MoE tp2+sp whole experts x dp2 ep2": (
+        "tiny-moe",
+        {"tp": 2, "sp": True, "dp": 2, "ep": 2, "etp": 1},
+    ),
+    # ep folded over the tp ranks (Megatron-Core's MoE parallel folding)
+    "MoE tp2 whole experts ep2": ("tiny-moe", {"tp": 2, "etp": 1, "ep": 2}),
+    "MoE tp4 whole experts ep2": ("tiny-moe", {"tp": 4, "etp": 1, "ep": 2}),
+    "MoE tp4 whole experts ep2 ZeRO-1": ("tiny-moe", {"tp": 4, "etp": 1, "ep": 2, "zero": 1}),
+    "MoE tp2 whole experts x dp2 ep4 ZeRO-3": (
+        "tiny-moe",
+        {"tp": 2, "dp": 2, "etp": 1, "ep": 4, "zero": 3},
+    ),
 }
 
 
@@ -164,15 +181,6 @@ def _refusals(model: str, gpus: int) -> tuple[int, dict[str, int]]:
     return len(result.ranked), refused
 
 
-# tp above the KV heads: the search proposes it (Megatron-LM replicates KV heads), the bundled
-# trainer does not replicate them yet. Nothing else may be refused at launch.
-KV_REPLICATION = "does not divide kv_heads"
-# MoE under tp with whole experts on each tp rank (etp 1 < tp, Megatron's common MoE setting):
-# the bundled trainer splits experts over every tp rank only. Both gaps are open in issue 17.
-EXPERTS_WHOLE_UNDER_TP = "etp: the bundled trainer splits experts over every tp rank"
-KNOWN_GAPS = (KV_REPLICATION, EXPERTS_WHOLE_UNDER_TP)
-
-
 @pytest.mark.parametrize(
     ("model", "gpus"),
     [
@@ -185,7 +193,7 @@ KNOWN_GAPS = (KV_REPLICATION, EXPERTS_WHOLE_UNDER_TP)
 def test_every_layout_the_search_proposes_is_accepted_by_the_trainer(model, gpus) -> None:
     proposed, refused = _refusals(model, gpus)
     assert proposed > 100
-    assert {r for r in refused if not any(gap in r for gap in KNOWN_GAPS)} == set()
+    assert refused == {}
 
 
 MOE_SPACE = """\
@@ -195,7 +203,6 @@ vp: [1]
 cp: [1, 2]
 ep: [1, 2]
 mbs: [1]
-etp: [1, 2]
 sp: [true, false]
 recompute: [none]
 zero: [0]
@@ -207,9 +214,9 @@ min_tokens_per_cp_rank: 16
 def test_a_cpu_measured_search_of_an_moe_model_over_ep_tp_cp_classifies_every_trial(
     tmp_path,
 ) -> None:
-    """Two gloo ranks, six runnable candidates (dp2 or cp2, each with ep 1 or 2; tp2 with its
-    experts split over both tp ranks, with and without sp): every one is launched and ends ok.
-    Expert-tensor layouts the trainer cannot run (etp other than tp) are left out before launch."""
+    """Two gloo ranks, the eight candidates (dp2 or cp2, each with ep 1 or 2; tp2 with and
+    without sp, each with ep 1 or 2 folded over the tp ranks): every one is launched (none is
+    recorded invalid) and each trial ends ok."""
     space = tmp_path / "space.yaml"
     space.write_text(MOE_SPACE)
     out = tmp_path / "run"
@@ -217,7 +224,7 @@ def test_a_cpu_measured_search_of_an_moe_model_over_ep_tp_cp_classifies_every_tr
         [
             sys.executable, "-m", "autoconfig.cli", "search", "--model", "tiny-moe",
             "--gpus", "2", "--space", str(space), "--measure", "--device", "cpu",
-            "--steps", "2", "--warmup", "1", "--trials", "6", "--out", str(out),
+            "--steps", "2", "--warmup", "1", "--trials", "8", "--out", str(out),
         ],
         capture_output=True,
         text=True,
@@ -225,14 +232,11 @@ def test_a_cpu_measured_search_of_an_moe_model_over_ep_tp_cp_classifies_every_tr
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     trials = pd.read_csv(out / "trials.csv", keep_default_na=False)
-    ran = trials[trials["class"] != "invalid"]
-    assert len(ran) == 6
-    assert (ran["class"] == "ok").all(), trials[["key", "class", "reason"]].to_string()
+    assert len(trials) == 8
+    assert (trials["class"] == "ok").all(), trials[["key", "class", "reason"]].to_string()
     for part in ("-ep2-", "-cp2-", "-tp2-"):
-        assert ran["key"].str.contains(part).any(), part
-    refused = trials[trials["class"] == "invalid"]
-    assert refused["reason"].str.startswith(EXPERTS_WHOLE_UNDER_TP).all(), refused.to_string()
-    assert (refused["key"].str.contains("-tp1-") & refused["key"].str.contains("-etp2-")).all()
+        assert trials["key"].str.contains(part).any(), part
+    assert (trials["key"].str.contains("-tp2-") & trials["key"].str.contains("-ep2-")).any()
 
 
 def test_the_prediction_uses_the_precision_and_profile_that_ran(tmp_path) -> None:
@@ -252,9 +256,9 @@ def test_moe_experts_follow_tp_unless_etp_is_given() -> None:
     models; a dense model keeps etp 1; an etp the trainer cannot run is refused in one line."""
     assert make_config(model="tiny-moe", tp=2, dp=1, gbs=2).etp == 2
     assert make_config(model="tiny-llama", tp=2, dp=1, gbs=2).etp == 1
-    for tp, etp in ((2, 1), (1, 2)):
+    for tp, etp in ((4, 2), (1, 2)):
         with pytest.raises(UserError, match=r"^etp: the bundled trainer splits experts"):
-            make_config(model="tiny-moe", tp=tp, etp=etp, dp=2 // tp, gbs=2)
+            make_config(model="tiny-moe", tp=tp, etp=etp, dp=4 // tp, gbs=4)
 
 
 def test_the_trainer_predicts_the_model_it_builds() -> None:

@@ -11,6 +11,7 @@ import typer
 from autoconfig import plan as planning
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
+from autoconfig.errors import UserError
 from autoconfig.report import plan as plan_report
 from autoconfig.report import terminal
 from autoconfig.vocab import Framework, Precision
@@ -45,8 +46,6 @@ def plan(
     goal = planning.Goal(tokens, max_days, budget_usd)
     types = tuple(gpu) if profile is None else (profile,)
     if profile is not None and not defaults.defaulted(ctx, "gpu"):
-        from autoconfig.errors import UserError
-
         raise UserError("profile: give --profile or --gpu, not both")
     planning.check(goal, types, tuple(gpu_hour_usd or ()), max_gpus)
     print(f"planning {model} on {', '.join(types)} ...", file=sys.stderr)

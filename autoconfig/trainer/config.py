@@ -204,9 +204,8 @@ class TrainConfig(Layout):
             ),
             (spec.heads % self.tp != 0, f"tp: {self.tp} does not divide heads ({spec.heads})"),
             (  # a slice holds one rank's shapes: one replicated KV head when tp > kv_heads
-                spec.kv % self.tp != 0 and not self.slice,
-                f"tp: {self.tp} does not divide kv_heads ({spec.kv}); the bundled trainer "
-                "does not replicate KV heads",
+                spec.kv % self.tp != 0 and self.tp % spec.kv != 0 and not self.slice,
+                f"tp: {self.tp} must divide kv_heads ({spec.kv}) or be a multiple of them",
             ),
             (
                 self.pp * self.vp > spec.layers,
@@ -242,9 +241,9 @@ class TrainConfig(Layout):
                 f"sequence on one cp rank (seq_len {self.seq(spec)} / cp {self.cp})",
             ),
             (
-                spec.is_moe and self.etp != self.tp,
-                f"etp: the bundled trainer splits experts over every tp rank (etp {self.tp}; "
-                f"got etp {self.etp})",
+                spec.is_moe and self.etp not in (1, self.tp),
+                f"etp: the bundled trainer splits experts over every tp rank (etp {self.tp}) "
+                f"or keeps them whole (etp 1); got etp {self.etp}",
             ),
             (
                 self.capacity_factor is not None and not spec.is_moe,
@@ -278,6 +277,11 @@ class TrainConfig(Layout):
             (
                 self.input_len is None or self.output_len is None,
                 "input_len: generation needs input_len and output_len",
+            ),
+            (
+                spec.kv % self.tp != 0,
+                f"tp: {self.tp} does not divide kv_heads ({spec.kv}); the bundled generator "
+                "does not replicate K/V heads",
             ),
             (
                 self.pp > 1,

@@ -5,9 +5,11 @@ Follows Megatron-LM's MoE (docs "Mixture of Experts", token dispatcher "alltoall
 are taken within dp*cp, each holding num_experts/ep experts; the expert tensor-parallel size
 equals tp (expert weights column/row-sharded like a dense MLP), so the tp ranks of a group
 route the same (sequence-gathered) tokens and the expert outputs are summed over tp once per
-layer. With a capacity factor c, an expert takes at most ceil(c * tokens * topk / experts) of a
-rank's token assignments, the earliest first (GShard, Lepikhin et al. 2020); the
-others are dropped (their routed output is zero, the residual carries them) and counted.
+layer. With an expert tensor-parallel size of 1 the experts stay whole, each tp rank routes
+its share of the gathered tokens, and ep is folded over tp*dp*cp (mesh.py). With a capacity
+factor c, an expert takes at most ceil(c * tokens * topk / experts) of a rank's token
+assignments, the earliest first (GShard, Lepikhin et al. 2020); the others are dropped (their
+routed output is zero, the residual carries them) and counted.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class LocalExperts(nn.Module):
         self.experts = nn.ModuleDict(
             {str(e): MLP(spec.hidden, spec.expert_ffn, spec.mlp) for e in range(spec.num_experts)}
         )
+        self.grad_group: dist.ProcessGroup | None = None  # whole experts under tp: sum over tp
 
     def keep(self, first: int, count: int) -> None:
         for e in list(self.experts):
@@ -57,9 +60,15 @@ class LocalExperts(nn.Module):
         expert once per source keeps the rows where they arrived: no permutation, and no
         index saved for it."""
         experts = list(self.experts.values())
+        weights = [e.local_weights(self.grad_group) for e in experts]
         pieces = tokens.split([n for per_source in counts for n in per_source])
         # Piece i comes from source i // len(experts) for local expert i % len(experts).
-        return torch.cat([experts[i % len(experts)].local_forward(p) for i, p in enumerate(pieces)])
+        return torch.cat(
+            [
+                experts[i % len(experts)].local_forward(p, weights[i % len(experts)])
+                for i, p in enumerate(pieces)
+            ]
+        )
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,9 @@ class MoE(nn.Module):
         self.dispatcher = TokenDispatcher(spec.num_experts)
         self.tp_mesh: DeviceMesh | None = None  # set with tensor parallelism
         self.seq_layout: Placement = Replicate()  # Shard(1) with sequence parallelism
+        # (rank, tp) with whole experts under tp (etp 1): this tp rank routes its share of
+        # the layer's tokens; the others' rows of its routed output are zero (a partial sum).
+        self.token_share: tuple[int, int] | None = None
         self.counts = RoutingCounts()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,13 +142,20 @@ class MoE(nn.Module):
             x = DTensor.from_local(x, self.tp_mesh, [self.seq_layout])
             x = x.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
         flat = x.reshape(-1, x.shape[-1])
-        assignment, weight, counts = self._route(flat)
+        start, stop = 0, flat.shape[0]
+        if self.token_share is not None:
+            rank, size = self.token_share
+            start, stop = stop * rank // size, stop * (rank + 1) // size
+        mine = flat[start:stop]
+        assignment, weight, counts = self._route(mine)
         token = assignment // self.topk  # one index tensor for the gather and the scatter
-        rows, local_counts, exchange = self.dispatcher.dispatch(flat[token], counts)
+        rows, local_counts, exchange = self.dispatcher.dispatch(mine[token], counts)
         out_rows = self.dispatcher.combine(self.experts(rows, local_counts), exchange)
         # scatter_add's backward keeps only the index (index_add's would keep its source too).
         index = token[:, None].expand_as(out_rows)
-        out = torch.zeros_like(flat).scatter_add(0, index, out_rows * weight[:, None])
+        out = torch.zeros_like(mine).scatter_add(0, index, out_rows * weight[:, None])
+        if self.token_share is not None:  # zero rows for the tokens other tp ranks route
+            out = F.pad(out, (0, 0, start, flat.shape[0] - stop))
         if self.shared is not None:
             out = out + self.shared.local_forward(flat)
         out = out.view_as(x)

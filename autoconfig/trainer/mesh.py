@@ -4,7 +4,7 @@ weights, and the expert view of those ranks as (edp, ep).
 Rank order is Megatron-LM's: tp fastest, then cp, then dp, then pp (TP groups are neighbours,
 on one node). Expert parallelism takes its ep ranks within dp*cp (Megatron-LM MoE docs), so a
 dp*cp group splits into ep consecutive ranks exchanging tokens and dp*cp/ep ranks (edp) holding
-the same experts.
+the same experts; with whole experts under tp (etp 1) the same split runs over tp*dp*cp.
 """
 
 from __future__ import annotations
@@ -38,6 +38,14 @@ def build_meshes(cfg: TrainConfig, device_type: str, moe: bool) -> Meshes:
     if not moe:
         return Meshes(world, dp_cp, None, None)
     ep = cfg.ep
+    if cfg.etp == 1 and tp > 1:
+        # Whole experts under tp (etp 1): Megatron-Core's MoE parallel folding lays the expert
+        # grid (edp, ep) over all tp*dp*cp ranks, ep consecutive (tp fastest): ep may take
+        # tp ranks, and the ranks holding the same experts span tp as well.
+        folded = init_device_mesh(
+            device_type, (pp, tp * dp * cp // ep, ep), mesh_dim_names=("pp", "edp", "ep")
+        )
+        return Meshes(world, dp_cp, folded["ep"], folded["edp"])
     experts = init_device_mesh(
         device_type, (pp, dp * cp // ep, ep, tp), mesh_dim_names=("pp", "edp", "ep", "tp")
     )

@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from autoconfig.specs import ModelSpec
 from autoconfig.trainer import ops
@@ -55,6 +55,11 @@ class Attention(nn.Module):
         self.selective = False  # recompute the attention core in backward (set by the plan)
         self.in_recomputed_block = False  # the whole layer is recomputed (set by the plan)
         self.context: ContextParallel | None = None  # set with context parallelism
+        # tp above the K/V heads (set by the plan): wk/wv stay whole on every tp rank, which
+        # projects the one K/V head its query heads share (`kv_rows`) and sums the weights'
+        # and the input's gradients over the tp group (Megatron-LM replicates K/V heads too).
+        self.kv_group: torch.distributed.ProcessGroup | None = None
+        self.kv_rows = slice(None)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v: (batch, seq, heads, head_dim) -> (batch, heads, seq, head_dim)."""
@@ -67,14 +72,28 @@ class Attention(nn.Module):
             q, k, v, is_causal=True, dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1]
         )
 
+    def _kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V projections of this rank's K/V heads."""
+        if self.kv_group is None:
+            return self.wk(x), self.wv(x)
+        # Each rank's share of the input's gradient comes from its own K/V head only: a
+        # partial sum over tp (under sp the input arrives as a replicated DTensor).
+        if isinstance(x, DTensor):
+            local = x.to_local(grad_placements=[Partial()])
+        else:
+            local = ops.AllReduceGrad.apply(x, self.kv_group)
+        wk = ops.AllReduceGrad.apply(self.wk.weight, self.kv_group)[self.kv_rows]
+        wv = ops.AllReduceGrad.apply(self.wv.weight, self.kv_group)[self.kv_rows]
+        return F.linear(local, wk), F.linear(local, wv)
+
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> torch.Tensor:
         b, s, _ = x.shape
         # -1: the local head count, heads/tp under tensor parallelism.
         q = self.wq(x).view(b, s, -1, self.head_dim)
-        k = self.wk(x).view(b, s, -1, self.head_dim)
-        v = self.wv(x).view(b, s, -1, self.head_dim)
+        k, v = self._kv(x)
+        k, v = k.view(b, s, -1, self.head_dim), v.view(b, s, -1, self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         out = ops.checkpointed(self.core, q, k, v) if self.selective else self.core(q, k, v)

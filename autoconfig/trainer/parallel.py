@@ -27,27 +27,39 @@ from autoconfig.trainer.model import Transformer
 from autoconfig.trainer.sharded_optimizer import ShardedOptimizer
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
+def apply_tp(
+    model: Transformer, tp_mesh: DeviceMesh, sp: bool, whole_experts: bool = False
+) -> None:
     """Megatron's layout: q/k/v and MLP up/gate column-parallel, out/down row-parallel,
-    vocab-parallel embedding and head. With SP, norms and residuals hold a sequence shard
+    vocab-parallel embedding and head; with tp above the K/V heads, each K/V head on the
+    tp/kv_heads ranks whose query heads use it. With SP, norms and residuals hold a sequence shard
     (Shard(1)) and the block inputs are all-gathered before the column-parallel linears.
     Experts (and shared experts) are sharded the same way (Megatron-LM's expert tensor
-    parallelism equal to tp) and reduced over tp once per layer (experts.py)."""
+    parallelism equal to tp) and reduced over tp once per layer (experts.py); with
+    `whole_experts` (etp 1) the routed experts stay whole on every tp rank, each routing its
+    share of the tokens, and only the shared experts are sharded."""
     seq = Shard(1) if sp else Replicate()
     group = tp_mesh.get_group() if sp else None
+    tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
     for block in model.layers.values():
         plan: dict[str, object] = {
             "attn.wq": ColwiseParallel(),
-            "attn.wk": ColwiseParallel(),
-            "attn.wv": ColwiseParallel(),
             "attn.wo": RowwiseParallel(output_layouts=seq),
         }
+        head_dim = block.attn.head_dim
+        kv = block.attn.wk.weight.shape[0] // head_dim
+        if kv % tp == 0:
+            plan["attn.wk"] = plan["attn.wv"] = ColwiseParallel()
+        else:  # tp a multiple of kv: tp/kv ranks share each K/V head (model.Attention._kv)
+            head = rank // (tp // kv)
+            block.attn.kv_group = tp_mesh.get_group()
+            block.attn.kv_rows = slice(head * head_dim, (head + 1) * head_dim)
         if sp:
             plan["attn"] = PrepareModuleInput(
                 input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)
             )
         if isinstance(block.mlp, MoE):
-            _shard_experts(block.mlp, tp_mesh, seq)
+            _shard_experts(block.mlp, tp_mesh, seq, whole_experts)
         else:
             plan["mlp.w1"] = ColwiseParallel()
             plan["mlp.w2"] = RowwiseParallel(output_layouts=seq)
@@ -79,10 +91,16 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
         model.pos_grad_group = group
 
 
-def _shard_experts(moe: MoE, tp_mesh: DeviceMesh, seq: Shard | Replicate) -> None:
+def _shard_experts(moe: MoE, tp_mesh: DeviceMesh, seq: Shard | Replicate, whole: bool) -> None:
     """Each expert MLP's up/gate rows and down columns split over tp (DTensor parameters the
-    MoE computes with through their local shards)."""
-    mlps: list[MLP] = [*moe.experts.experts.values()]
+    MoE computes with through their local shards). `whole`: the routed experts stay whole
+    on every tp rank, which routes its 1/tp of the layer's tokens through them, so their
+    gradients are summed over tp (Megatron-Core's expert tensor parallelism of 1)."""
+    mlps: list[MLP] = [] if whole else [*moe.experts.experts.values()]
+    if whole:
+        moe.token_share = (tp_mesh.get_local_rank(), tp_mesh.size())
+        if moe.dispatcher.ep == 1:  # else the folded edp group, which spans tp, sums them
+            moe.experts.grad_group = tp_mesh.get_group()
     if moe.shared is not None:
         mlps.append(moe.shared)
     for mlp in mlps:
@@ -147,9 +165,16 @@ def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -
     the sharded optimizer reduce-scatters (make_optimizer); ZeRO-0: DDP, or FSDP2's
     `replicate` (DDP semantics) where DDP cannot go: DTensor (tp > 1) parameters, or experts
     reduced over another group than the rest (ep > 1)."""
-    if meshes.dp_cp.size() == 1 or cfg.zero == 1:
-        return model
     separate_experts = cfg.ep > 1
+    if cfg.zero == 1:
+        return model
+    if meshes.dp_cp.size() == 1:
+        # Whole experts folded over tp: ranks of one replica can still hold the same experts.
+        if separate_experts and meshes.edp.size() > 1:
+            for experts in _expert_modules(model):
+                _replicate(experts, mesh=meshes.edp)
+                experts.set_gradient_divide_factor(1.0)  # the sum: one replica's tokens
+        return model
     # Every rank's loss is the mean over its own tokens, and an expert's gradient sums what
     # the tokens of all ep ranks sent it: the mean over dp*cp is the sum over edp divided by
     # dp*cp, not by edp (Megatron-LM scales expert gradients by 1/dp as well).
@@ -173,13 +198,11 @@ def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -
         fully_shard(model, mesh=meshes.dp_cp, reshard_after_forward=reshard, mp_policy=policy)
         return model
     if cfg.tp > 1 or separate_experts:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-
         if separate_experts:
             for experts in _expert_modules(model):
-                replicate(experts, mesh=meshes.edp)
+                _replicate(experts, mesh=meshes.edp)
                 experts.set_gradient_divide_factor(expert_divide)
-        replicate(model, mesh=meshes.dp_cp)
+        _replicate(model, mesh=meshes.dp_cp)
         return model
     device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
     # No buffer broadcast: the buffers (rope tables) are constants, and with context
@@ -190,6 +213,14 @@ def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -
         device_ids=device_ids,
         broadcast_buffers=False,
     )
+
+
+def _replicate(module: nn.Module, mesh: DeviceMesh) -> None:
+    """FSDP2's `replicate` (DDP semantics over `mesh`); imported here because torch marks its
+    module private and may move it."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    replicate(module, mesh=mesh)
 
 
 def make_optimizer(chunks: list[nn.Module], cfg: TrainConfig, meshes: Meshes | None):
@@ -213,7 +244,8 @@ def make_optimizer(chunks: list[nn.Module], cfg: TrainConfig, meshes: Meshes | N
         )
 
     params = [p for m in chunks for p in m.parameters()]
-    if cfg.zero != 1 or meshes is None or meshes.dp_cp.size() == 1:
+    folded = meshes is not None and cfg.ep > 1 and meshes.edp.size() > 1
+    if cfg.zero != 1 or meshes is None or (meshes.dp_cp.size() == 1 and not folded):
         return inner(params)
     experts = (
         {id(p) for m in chunks for e in _expert_modules(m) for p in e.parameters()}

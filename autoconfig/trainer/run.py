@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import socket
 import statistics
 import sys
@@ -26,6 +27,7 @@ from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.context import chunk_positions
 from autoconfig.trainer.experts import MoE, RoutingCounts
+from autoconfig.trainer.generate import generate_rank
 from autoconfig.trainer.mesh import build_meshes
 from autoconfig.trainer.metrics import (
     EXIT_ERROR,
@@ -140,7 +142,7 @@ class Rank:
             if cfg.ep > 1 and self.mesh is not None:
                 apply_ep(model, self.mesh.ep)
             if cfg.tp > 1 and self.mesh is not None:
-                apply_tp(model, self.mesh["tp"], cfg.sp)
+                apply_tp(model, self.mesh["tp"], cfg.sp, whole_experts=cfg.etp != cfg.tp)
             if cfg.cp > 1 and self.mesh is not None:
                 apply_cp(model, self.mesh["cp"], self.seq, self.activation_dtype)
             apply_recompute(model, cfg)
@@ -383,8 +385,6 @@ def train(cfg: TrainConfig, out: Path) -> int:
             )
             started = True
         if cfg.task == "generate":
-            from autoconfig.trainer.generate import generate_rank
-
             device = rank_device(cfg, local_rank)
             result.update(generate_rank(cfg, rank, world, device, _injected_fault(cfg, rank)))
         else:
@@ -489,8 +489,6 @@ def limit_memory(cfg: TrainConfig, device: torch.device) -> None:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
         return
-    import resource
-
     with open("/proc/self/status") as status:
         held = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
