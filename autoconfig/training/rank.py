@@ -152,18 +152,18 @@ def order_ties(feasible: pd.DataFrame, per_node: np.ndarray | int = 8) -> pd.Dat
     cols = ["_group", *(f"_tie{i}" for i in range(len(TIE_RULES))), "pred_tokens_per_s_per_gpu"]
     t = t.sort_values(cols, ascending=[True] * (len(cols) - 1) + [False], kind="stable")
     t = t.reset_index(drop=True)
-    broke = [""] * len(t)
-    for i in range(len(t) - 1):
-        a, b = t.iloc[i], t.iloc[i + 1]
-        if (
-            a["_group"] != b["_group"]
-            or a["pred_tokens_per_s_per_gpu"] > b["pred_tokens_per_s_per_gpu"]
-        ):
-            continue
+    # Each row against the next: where the next is as fast in the same group, the first tie
+    # rule whose keys differ is the one that put this row above it.
+    broke = np.full(len(t), "", dtype=object)
+    if len(t) > 1:
+        this, after = slice(0, -1), slice(1, None)
+        group_col, speed_col = t["_group"].to_numpy(), t["pred_tokens_per_s_per_gpu"].to_numpy()
+        open_ = (group_col[this] == group_col[after]) & (speed_col[this] <= speed_col[after])
         for j, (name, _) in enumerate(TIE_RULES):
-            if a[f"_tie{j}"] != b[f"_tie{j}"]:
-                broke[i] = name
-                break
+            key = t[f"_tie{j}"].to_numpy()
+            decided = open_ & (key[this] != key[after])
+            broke[:-1][decided] = name
+            open_ &= ~decided
     t["tie_break"] = broke
     return t.drop(columns=["_group", "_per_node", *(f"_tie{i}" for i in range(len(TIE_RULES)))])
 
