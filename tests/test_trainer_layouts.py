@@ -278,3 +278,12 @@ def test_a_slice_trains_without_sequence_parallelism_by_default(tmp_path) -> Non
     args += ["--seq-len", "32", "--device", "cpu", "--steps", "2", "--warmup", "1"]
     assert execute([*args, "--out", str(tmp_path / "run")]) == 0
     assert execute([*args, "--sp", "--out", str(tmp_path / "sp")]) == 2
+
+
+@pytest.mark.parametrize(("model", "tp"), [("tiny-moe", 2), ("tiny-llama", 2)])
+def test_a_slice_is_predicted_with_the_parameters_it_builds(model: str, tp: int) -> None:
+    """A slice holds one tp rank's shapes on one device, its experts already cut by tp: the
+    prediction must not cut them again by etp (it did, 64x under for a 512-expert slice)."""
+    cfg = make_config(model=model, slice=True, tp=tp, layers=2, seq_len=64)
+    weights = prediction.predicted(cfg, "cpu-gloo")["mem_weights_gb"] * 2**30 / 2  # 16-bit
+    assert weights == pytest.approx(cfg.trained_spec().param_count(), rel=1e-6)

@@ -66,7 +66,7 @@ def training_inputs_of_runs(configs: list[TrainConfig], profiles: list[str]) -> 
     dims = []
     for cfg in configs:
         d = layout.plain(cfg.model_dump())
-        dims.append(d | {"tp": 1, "sp": False} if cfg.slice else d)
+        dims.append(d | {"tp": 1, "etp": 1, "sp": False} if cfg.slice else d)
     return training_inputs(
         specs,
         [Hardware(g, g.cluster) for g in gpus],
