@@ -172,6 +172,18 @@ class TrainConfig(Layout):
         return self.resolved_dp * self.mbs * (self.pp if self.pp > 1 else 1)
 
     @property
+    def whole_experts(self) -> bool:
+        """MoE experts kept whole on every tp rank (etp 1 under tp > 1): the expert grid is
+        folded over tp*dp*cp (mesh.py) and each tp rank routes its share of the tokens."""
+        return self.etp == 1 and self.tp > 1 and self.spec().is_moe
+
+    @property
+    def experts_apart(self) -> bool:
+        """Whether expert gradients are reduced over their own group (edp) rather than with
+        the dense weights over dp*cp: with expert parallelism, or whole experts under tp."""
+        return self.ep > 1 or self.whole_experts
+
+    @property
     def micro_batches(self) -> int:
         return self.global_batch // (self.resolved_dp * self.mbs)
 

@@ -47,7 +47,6 @@ class LocalExperts(nn.Module):
         self.experts = nn.ModuleDict(
             {str(e): MLP(spec.hidden, spec.expert_ffn, spec.mlp) for e in range(spec.num_experts)}
         )
-        self.grad_group: dist.ProcessGroup | None = None  # whole experts under tp: sum over tp
 
     def keep(self, first: int, count: int) -> None:
         for e in list(self.experts):
@@ -60,15 +59,9 @@ class LocalExperts(nn.Module):
         expert once per source keeps the rows where they arrived: no permutation, and no
         index saved for it."""
         experts = list(self.experts.values())
-        weights = [e.local_weights(self.grad_group) for e in experts]
         pieces = tokens.split([n for per_source in counts for n in per_source])
         # Piece i comes from source i // len(experts) for local expert i % len(experts).
-        return torch.cat(
-            [
-                experts[i % len(experts)].local_forward(p, weights[i % len(experts)])
-                for i, p in enumerate(pieces)
-            ]
-        )
+        return torch.cat([experts[i % len(experts)].local_forward(p) for i, p in enumerate(pieces)])
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def build_meshes(cfg: TrainConfig, device_type: str, moe: bool) -> Meshes:
     if not moe:
         return Meshes(world, dp_cp, None, None)
     ep = cfg.ep
-    if cfg.etp == 1 and tp > 1:
+    if cfg.whole_experts:
         # Whole experts under tp (etp 1): Megatron-Core's MoE parallel folding lays the expert
         # grid (edp, ep) over all tp*dp*cp ranks, ep consecutive (tp fastest): ep may take
         # tp ranks, and the ranks holding the same experts span tp as well.

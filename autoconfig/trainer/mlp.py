@@ -29,25 +29,10 @@ class MLP(nn.Module):
         gate = self.w3(x) if self.w3 is not None else None
         return self.w2(activation(self.kind, self.w1(x), gate))
 
-    def local_weights(
-        self, grad_group=None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """(up, gate, down): this rank's weight shards as plain tensors; with `grad_group`
-        their gradients are summed over that group (whole experts under tp)."""
-        weights = [
-            None if w is None else ops.local_tensor(w.weight) for w in (self.w1, self.w3, self.w2)
-        ]
-        if grad_group is not None:
-            weights = [
-                None if w is None else ops.AllReduceGrad.apply(w, grad_group) for w in weights
-            ]
-        up, gate, down = weights
-        return up, gate, down
-
-    def local_forward(self, x: torch.Tensor, weights=None) -> torch.Tensor:
+    def local_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The forward with this rank's weight shards on a plain tensor: under tensor
         parallelism (experts) the output is this rank's partial sum, which the caller
         reduces once for all experts instead of once per expert."""
-        up, gate_w, down = weights if weights is not None else self.local_weights()
-        gate = F.linear(x, gate_w) if gate_w is not None else None
-        return F.linear(activation(self.kind, F.linear(x, up), gate), down)
+        w1, w2 = ops.local_tensor(self.w1.weight), ops.local_tensor(self.w2.weight)
+        gate = F.linear(x, ops.local_tensor(self.w3.weight)) if self.w3 is not None else None
+        return F.linear(activation(self.kind, F.linear(x, w1), gate), w2)

@@ -94,13 +94,11 @@ def apply_tp(
 def _shard_experts(moe: MoE, tp_mesh: DeviceMesh, seq: Shard | Replicate, whole: bool) -> None:
     """Each expert MLP's up/gate rows and down columns split over tp (DTensor parameters the
     MoE computes with through their local shards). `whole`: the routed experts stay whole
-    on every tp rank, which routes its 1/tp of the layer's tokens through them, so their
-    gradients are summed over tp (Megatron-Core's expert tensor parallelism of 1)."""
+    on every tp rank, which routes its 1/tp of the layer's tokens through them; their
+    gradients are summed over the folded edp group, which spans tp (apply_dp)."""
     mlps: list[MLP] = [] if whole else [*moe.experts.experts.values()]
     if whole:
         moe.token_share = (tp_mesh.get_local_rank(), tp_mesh.size())
-        if moe.dispatcher.ep == 1:  # else the folded edp group, which spans tp, sums them
-            moe.experts.grad_group = tp_mesh.get_group()
     if moe.shared is not None:
         mlps.append(moe.shared)
     for mlp in mlps:
@@ -164,8 +162,8 @@ def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -
     weights through backward (gradients and optimizer states sharded); ZeRO-1: no wrapper,
     the sharded optimizer reduce-scatters (make_optimizer); ZeRO-0: DDP, or FSDP2's
     `replicate` (DDP semantics) where DDP cannot go: DTensor (tp > 1) parameters, or experts
-    reduced over another group than the rest (ep > 1)."""
-    separate_experts = cfg.ep > 1
+    reduced over another group than the rest (`cfg.experts_apart`)."""
+    separate_experts = cfg.experts_apart
     if cfg.zero == 1:
         return model
     if meshes.dp_cp.size() == 1:
@@ -244,12 +242,12 @@ def make_optimizer(chunks: list[nn.Module], cfg: TrainConfig, meshes: Meshes | N
         )
 
     params = [p for m in chunks for p in m.parameters()]
-    folded = meshes is not None and cfg.ep > 1 and meshes.edp.size() > 1
+    folded = meshes is not None and cfg.experts_apart and meshes.edp.size() > 1
     if cfg.zero != 1 or meshes is None or (meshes.dp_cp.size() == 1 and not folded):
         return inner(params)
     experts = (
         {id(p) for m in chunks for e in _expert_modules(m) for p in e.parameters()}
-        if cfg.ep > 1
+        if cfg.experts_apart
         else set()
     )
     dense = [p for p in params if id(p) not in experts]

@@ -142,7 +142,7 @@ class Rank:
             if cfg.ep > 1 and self.mesh is not None:
                 apply_ep(model, self.mesh.ep)
             if cfg.tp > 1 and self.mesh is not None:
-                apply_tp(model, self.mesh["tp"], cfg.sp, whole_experts=cfg.etp != cfg.tp)
+                apply_tp(model, self.mesh["tp"], cfg.sp, whole_experts=cfg.whole_experts)
             if cfg.cp > 1 and self.mesh is not None:
                 apply_cp(model, self.mesh["cp"], self.seq, self.activation_dtype)
             apply_recompute(model, cfg)
