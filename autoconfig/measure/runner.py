@@ -23,7 +23,7 @@ from autoconfig.measure.outcome import (
     finished_on_disk,
     only_collateral,
 )
-from autoconfig.measure.sampler import distributions, taken_keys
+from autoconfig.measure.sampler import chosen_layout, distributions, taken_keys
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.vocab import FailureClass
 
@@ -291,8 +291,8 @@ class Runner:
         for t in self.study.get_trials(deepcopy=False):
             if t.user_attrs.get("failure_class") != FailureClass.INTERRUPTED.value:
                 continue
-            params = t.params or t.system_attrs.get("fixed_params", {})
-            if not all(d in params for d in layout.NAMES):
+            params = chosen_layout(t)
+            if params is None:
                 continue
             key = layout.key(params)
             if key in runnable and key not in taken_keys(self.study):

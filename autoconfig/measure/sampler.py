@@ -43,14 +43,24 @@ def holds_layout(trial: FrozenTrial) -> bool:
     return FailureClass(kind).counted
 
 
+def chosen_layout(trial: FrozenTrial) -> dict[str, object] | None:
+    """The layout a trial was given, or None where it never got a whole one. A queued trial's
+    layout is fixed before it starts; a sampled one's is stored one dimension at a time, so
+    a kill between two suggestions leaves only part of it."""
+    for params in (trial.system_attrs.get("fixed_params") or {}, trial.params):
+        if all(d in params for d in layout.NAMES):
+            return dict(params)
+    return None
+
+
 def taken_keys(study: optuna.Study, exclude: int | None = None) -> set[str]:
     """Keys of every layout already measured, being measured or queued (holds_layout)."""
     keys = set()
     for t in study.get_trials(deepcopy=False):
         if t.number == exclude or not holds_layout(t):
             continue
-        params = t.params if t.params else t.system_attrs.get("fixed_params", {})
-        if all(d in params for d in layout.NAMES):
+        params = chosen_layout(t)
+        if params is not None:
             keys.add(layout.key(params))
     return keys
 
