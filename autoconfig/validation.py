@@ -302,20 +302,95 @@ def repeat_spread(
     return pd.DataFrame(rows)
 
 
+# What a layout's per-GPU memory depends on besides the dimensions dominated_failures compares.
+SAME_MEMORY_SETTINGS = [
+    "source_group",
+    "model",
+    "gpu",
+    "seq_len",
+    "gbs",
+    "precision",
+    "cp",
+    "ep",
+    "vp",
+    "sp",
+    "recompute",
+]
+
+
+def dominated_failures(runs: pd.DataFrame) -> pd.Series:
+    """Failed runs (crash_or_oom, oom) that a layout which ran needs at least as much memory
+    as, in every term, without any model. The failed layout has tensor parallelism at least
+    as wide, no more layers per stage, micro-batches no larger, a ZeRO stage at least as high
+    (sharded over at least as many data-parallel ranks when both shard), and no more
+    micro-batch-layers alive on the first stage under 1F1B (min(pp, micro-batches) in flight)
+    or all-forward-all-backward (every micro-batch in flight), so whichever schedule ran; all
+    else that sets memory (SAME_MEMORY_SETTINGS) is equal. Weights, gradients, optimizer
+    states, saved activations and the logits buffer each shrink or hold under these moves,
+    so the failed run needed no more memory than one that ran: it failed for another reason
+    (a hang, a launch or network error), and no memory model can flag it without also
+    flagging the run that ran."""
+    num = {c: pd.to_numeric(runs[c], errors="coerce") for c in ("tp", "pp", "dp", "mbs", "zero")}
+    layers = pd.to_numeric(runs["layers"], errors="coerce")
+    micro = pd.to_numeric(runs["gbs"], errors="coerce") / (num["dp"] * num["mbs"])
+    per_stage = np.ceil(layers / num["pp"])
+    table = pd.DataFrame(
+        {
+            **num,
+            "per_stage": per_stage,
+            "one_f_one_b": num["mbs"] * np.minimum(num["pp"], micro) * per_stage,
+            # without a pipeline, accumulation keeps one micro-batch alive whatever the schedule
+            "all_forward": num["mbs"] * np.where(num["pp"] > 1, micro, 1.0) * per_stage,
+            "status": runs["status"],
+        },
+        index=runs.index,
+    )
+    settings = runs[SAME_MEMORY_SETTINGS].astype(str).agg("|".join, axis=1)
+    out = pd.Series(False, index=runs.index)
+    for _, group in table.groupby(settings):
+        ran = group[group["status"] == "ok"]
+        failed = group[group["status"].isin(["crash_or_oom", "oom"])]
+        if ran.empty or failed.empty:
+            continue
+        r = {c: ran[c].to_numpy()[None, :] for c in ran.columns if c != "status"}
+        f = {c: failed[c].to_numpy()[:, None] for c in failed.columns if c != "status"}
+        both_shard = (f["zero"] >= 1) & (r["zero"] >= 1)
+        covers = (
+            (f["tp"] >= r["tp"])
+            & (f["per_stage"] <= r["per_stage"])
+            & (f["mbs"] <= r["mbs"])
+            & (f["zero"] >= r["zero"])
+            & (~both_shard | (f["dp"] >= r["dp"]))
+            & (f["one_f_one_b"] <= r["one_f_one_b"])
+            & (f["all_forward"] <= r["all_forward"])
+        )
+        out[failed.index] = covers.any(axis=1)
+    return out
+
+
 def fits_table(out: pd.DataFrame) -> pd.DataFrame:
+    """The fits verdict by status; for failed runs also the share a layout that ran dominates
+    (dominated_failures: out of any memory model's reach) and the ceiling that leaves."""
     valid = out[out["error"] == ""]
+    dominated = dominated_failures(out)
     rows = []
     for status, want in (("ok", True), ("crash_or_oom", False), ("oom", False)):
         g = valid[valid["status"] == status]
         if len(g):
             agree = (g["pred_fits"].astype(bool) == want).mean()
-            rows.append(
-                {
-                    "status": status,
-                    "rows": len(g),
-                    "predicted_" + ("fit" if want else "not_fit") + "_%": 100 * agree,
-                }
-            )
+            row = {
+                "status": status,
+                "rows": len(g),
+                "predicted_" + ("fit" if want else "not_fit") + "_%": 100 * agree,
+            }
+            if not want:
+                row["dominated_by_a_run_that_ran_%"] = 100 * dominated[g.index].mean()
+                row["reachable_%"] = 100 - row["dominated_by_a_run_that_ran_%"]
+                reachable = g[~dominated[g.index]]
+                row["predicted_not_fit_of_reachable_%"] = 100 * float(
+                    (~reachable["pred_fits"].astype(bool)).mean()
+                )
+            rows.append(row)
     return pd.DataFrame(rows)
 
 

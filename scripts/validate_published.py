@@ -56,6 +56,7 @@ def main() -> None:
     print(errors.to_string())
 
     fitted = int((runs["fit_set"] & (runs["status"] == "ok")).sum())
+    refused_failures = ((out["error"] != "") & (out["status"] != "ok")).sum()
     DOC.parent.mkdir(exist_ok=True)
     DOC.write_text(
         "\n".join(
@@ -106,6 +107,19 @@ def main() -> None:
                 "## Fits verdict against status",
                 "",
                 fits.round(1).to_markdown(index=False),
+                "",
+                "A failed run is *dominated* when a run that ran needs at least as much memory "
+                "in every term, with no model involved: tensor parallelism no wider, as many "
+                "layers per stage or more, micro-batches as large or larger, a ZeRO stage no "
+                "higher (sharded over no more data-parallel ranks when both shard), and at "
+                "least as many micro-batch-layers alive on the first stage under "
+                "both 1F1B and all-forward-all-backward, everything else equal "
+                "(`autoconfig.validation.dominated_failures`). Such a failure has another cause "
+                "(a hang, a launch or network error); no memory model can flag it without "
+                "flagging the run that ran, so *reachable* is the most any memory model can "
+                "score on failed runs while every run that ran is predicted to fit. The failed "
+                f"runs the batch estimate refuses outright ({int(refused_failures)}, last "
+                "table) are not in these counts.",
                 "",
                 "## Peak memory where measured",
                 "",

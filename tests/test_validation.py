@@ -1,11 +1,12 @@
-"""The validation helpers: the model-free spread of repeated measurements of one layout."""
+"""The validation helpers: the model-free spread of repeated measurements of one layout and the
+failed runs that a run which ran dominates in memory."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from autoconfig.validation import LAYOUT, repeat_spread
+from autoconfig.validation import LAYOUT, SAME_MEMORY_SETTINGS, dominated_failures, repeat_spread
 
 
 def _runs(rows: list[dict[str, object]]) -> pd.DataFrame:
@@ -41,3 +42,42 @@ def test_repeat_spread_pairs_and_ratios() -> None:
     assert zero["median_ratio"] == pytest.approx((200 / 110 + 1.1) / 2)
     assert zero["over_1.2x_%"] == 50.0
     assert zero["over_2x_%"] == 0.0
+
+
+def _layouts(rows: list[dict[str, object]]) -> pd.DataFrame:
+    base = {col: "x" for col in SAME_MEMORY_SETTINGS} | {"gbs": 64, "layers": 16}
+    base |= {"tp": 1, "pp": 1, "dp": 8, "mbs": 1, "zero": 0, "status": "ok"}
+    return pd.DataFrame([base | row for row in rows])
+
+
+def test_a_failure_is_dominated_only_when_it_needs_no_more_memory_in_any_term() -> None:
+    runs = _layouts(
+        [
+            {"tp": 2, "pp": 2, "mbs": 2},  # ran: 8 layers per stage, micro-batches of 2
+            {"status": "crash_or_oom", "tp": 4, "pp": 2, "mbs": 2},  # wider tp: dominated
+            {"status": "crash_or_oom", "tp": 2, "pp": 2, "mbs": 4},  # larger micro-batch
+            {"status": "crash_or_oom", "tp": 1, "pp": 2, "mbs": 2},  # narrower tp
+            {"status": "crash_or_oom", "tp": 2, "pp": 2, "mbs": 2, "recompute": "y"},  # other
+            {"status": "oom", "tp": 2, "pp": 4, "mbs": 2},  # fewer layers per stage
+            # ZeRO-1 over fewer data-parallel ranks than a ZeRO-1 run that ran: not dominated
+            {"zero": 1, "dp": 8, "tp": 8},
+            {"status": "crash_or_oom", "zero": 1, "dp": 4, "tp": 8},
+            {"status": "crash_or_oom", "zero": 1, "dp": 16, "tp": 8},
+        ]
+    )
+    got = dominated_failures(runs).tolist()
+    assert got == [False, True, False, False, False, True, False, False, True]
+
+
+def test_more_micro_batches_in_flight_is_not_dominated() -> None:
+    # pp 2 with one micro-batch per step keeps one alive; pp 4 with 16 keeps four: the deeper
+    # pipeline has fewer layers per stage but twice the micro-batch-layers on its first stage
+    runs = _layouts(
+        [
+            {"pp": 2, "dp": 64, "gbs": 64},
+            {"status": "crash_or_oom", "pp": 4, "dp": 4, "gbs": 64},
+        ]
+    )
+    assert dominated_failures(runs).tolist() == [False, False]
+    ran_more = runs.assign(dp=[4, 4])  # the run that ran: 2 of 16 micro-batches alive, 8 layers
+    assert dominated_failures(ran_more).tolist() == [False, True]
