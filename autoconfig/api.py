@@ -14,7 +14,8 @@ from autoconfig import catalog, checks, frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, evaluate
 from autoconfig.errors import UserError, pydantic_message
-from autoconfig.frame import read_training_rows, with_predictions
+from autoconfig.frame import with_predictions
+from autoconfig.resolve import RESOLVED, read_resolved
 from autoconfig.serve import continuous
 from autoconfig.serve import search as serve_search
 from autoconfig.serve.predict import predict_frame
@@ -32,15 +33,19 @@ def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
     """Predictions for every row of `runs` (reference-CSV columns).
 
     Returns the input columns followed by the pred_* columns, the memory and time breakdowns,
-    and `error` ('' for rows that were estimated; the reason otherwise, with blank predictions).
+    `error` ('' for rows that were estimated; the reason otherwise, with blank predictions),
+    and the `resolved_*` values: a setting the row leaves unknown (zero, recompute, sp, vp,
+    etp) is the fastest choice its framework can run that fits (autoconfig.resolve).
     """
+    resolved_columns = [f"resolved_{d}" for d in RESOLVED]
     if runs.empty:
-        return runs.assign(**{c: pd.Series(dtype=float) for c in PREDICTION_COLUMNS}, error="")
+        empty = {c: pd.Series(dtype=float) for c in [*PREDICTION_COLUMNS, *resolved_columns]}
+        return runs.assign(**empty, error="")
     runs = runs.reset_index(drop=True)
-    rows = read_training_rows(runs)
+    rows, resolved = read_resolved(runs)
     with np.errstate(all="ignore"):
         preds = evaluate(rows.inputs())
-    return with_predictions(runs, preds, rows.errors)
+    return pd.concat([with_predictions(runs, preds, rows.errors), resolved], axis=1)
 
 
 def estimate(

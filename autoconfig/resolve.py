@@ -19,6 +19,10 @@ from autoconfig.frame import RESOLVABLE, TrainingRows, read_training_rows
 from autoconfig.specs import FrameworkSpec
 from autoconfig.vocab import Recompute
 
+# The output columns: each resolvable dimension, and how many layers per stage full recompute
+# covers (0: every layer), which partial recompute chooses along with it.
+RESOLVED = (*RESOLVABLE, "recompute_layers")
+
 VP_CHOICES = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24)
 
 
@@ -78,44 +82,86 @@ def resolve(
         for choice in options(fw, row, unknown, rows.models[i].layers):
             picks.append((int(i), choice))
     chosen = table.copy()
-    if picks:
-        index = np.array([i for i, _ in picks])
-        trial = table.iloc[index].reset_index(drop=True)
-        chosen_values = pd.DataFrame([c for _, c in picks])
-        trial = chosen_values.combine_first(trial)[list(table.columns)]
-        trial = trial.astype(table.dtypes.to_dict())
-        full = trial["recompute"] == Recompute.FULL.value
-        trial["recompute_layers"] = trial["recompute_layers"].where(full, 0)
-        x = rows.inputs().take(index)
-        codes = layout.columns(trial)
-        x = replace(x, **{k: v.astype(x.tp.dtype) for k, v in codes.items()})
-        with np.errstate(all="ignore"):
-            out = evaluate(x)
-        runnable = np.ones(len(index), bool)
-        owners = np.array([id(rows.frameworks[i]) for i in index])
-        shape = {
-            "layers": np.broadcast_to(x.layers, (len(index),)),
-            "gbs": np.broadcast_to(x.gbs, (len(index),)),
-        }
-        for fw in {id(f): f for f in (rows.frameworks[i] for i in todo)}.values():
-            mine = owners == id(fw)
-            cols = {k: np.asarray(v)[mine] for k, v in {**codes, **shape}.items()}
-            for _, _, bad in frameworks.rules(fw, cols):
-                runnable[mine] &= ~np.broadcast_to(bad, (int(mine.sum()),))
-        fits = np.asarray(out["pred_fits"], bool) & runnable
-        speed = np.where(fits, out["pred_tokens_per_s_per_gpu"], -np.inf)
-        memory = np.where(runnable, out["pred_peak_mem_gb"], np.inf)
-        frame = pd.DataFrame({"row": index, "speed": speed, "memory": memory})
-        # The fastest that fits, else the smallest.
-        best = frame.sort_values(["row", "speed", "memory"], ascending=[True, False, True])
-        best = best.drop_duplicates("row", keep="first")
-        winners = trial.loc[best.index]
-        winners.index = table.index[best["row"].to_numpy()]
-        chosen.loc[winners.index] = winners
+    winners = _fastest_fitting(rows, table, picks, todo)
+    chosen.loc[winners.index] = winners
+    # Megatron-style partial recompute: of the rows that ended on full recompute of every layer,
+    # recompute only as many layers per stage as it takes to fit (fewer is faster).
+    partial = _partial_recompute(rows, chosen, todo[~failed[todo]])
+    winners = _fastest_fitting(rows, chosen, [*partial, *_as_picks(chosen, partial)], todo)
+    chosen.loc[winners.index] = winners
     resolved = pd.DataFrame(
-        {f"resolved_{d}": chosen[d].to_numpy() for d in RESOLVABLE}, index=table.index
+        {f"resolved_{d}": chosen[d].to_numpy() for d in RESOLVED}, index=table.index
     )
     return replace(rows, layouts=chosen), resolved
+
+
+def _partial_recompute(
+    rows: TrainingRows, chosen: pd.DataFrame, todo: np.ndarray
+) -> list[tuple[int, dict]]:
+    """Each count of fully recomputed layers per stage short of all of them, for the rows that
+    resolved to full recompute of every layer under a framework that can recompute part."""
+    picks: list[tuple[int, dict]] = []
+    for i in todo:
+        row = chosen.iloc[i]
+        if not rows.unknown.iloc[i]["recompute"] or row["recompute"] != Recompute.FULL.value:
+            continue
+        if not rows.frameworks[i].allows("partial_recompute") or int(row["recompute_layers"]):
+            continue
+        pp, vp = int(row["pp"]), int(row["vp"])
+        per_stage = -(-rows.models[i].layers // (pp * vp)) * vp
+        picks += [(int(i), {"recompute_layers": k}) for k in range(1, per_stage)]
+    return picks
+
+
+def _as_picks(chosen: pd.DataFrame, partial: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+    """The resolved value of each row `partial` tries to improve on, as one more choice."""
+    return [
+        (i, {"recompute_layers": int(chosen.iloc[i]["recompute_layers"])})
+        for i in sorted({i for i, _ in partial})
+    ]
+
+
+def _fastest_fitting(
+    rows: TrainingRows, table: pd.DataFrame, picks: list[tuple[int, dict]], todo: np.ndarray
+) -> pd.DataFrame:
+    """Of each row's choices (row position, values set over `table`'s row), the fastest that
+    fits and the framework can run, else the one needing the least memory; indexed like
+    `table`."""
+    if not picks:
+        return table.iloc[:0]
+    index = np.array([i for i, _ in picks])
+    trial = table.iloc[index].reset_index(drop=True)
+    chosen_values = pd.DataFrame([c for _, c in picks])
+    trial = chosen_values.combine_first(trial)[list(table.columns)]
+    trial = trial.astype(table.dtypes.to_dict())
+    full = trial["recompute"] == Recompute.FULL.value
+    trial["recompute_layers"] = trial["recompute_layers"].where(full, 0)
+    x = rows.inputs().take(index)
+    codes = layout.columns(trial)
+    x = replace(x, **{k: v.astype(x.tp.dtype) for k, v in codes.items()})
+    with np.errstate(all="ignore"):
+        out = evaluate(x)
+    runnable = np.ones(len(index), bool)
+    owners = np.array([id(rows.frameworks[i]) for i in index])
+    shape = {
+        "layers": np.broadcast_to(x.layers, (len(index),)),
+        "gbs": np.broadcast_to(x.gbs, (len(index),)),
+    }
+    for fw in {id(f): f for f in (rows.frameworks[i] for i in todo)}.values():
+        mine = owners == id(fw)
+        cols = {k: np.asarray(v)[mine] for k, v in {**codes, **shape}.items()}
+        for _, _, bad in frameworks.rules(fw, cols):
+            runnable[mine] &= ~np.broadcast_to(bad, (int(mine.sum()),))
+    fits = np.asarray(out["pred_fits"], bool) & runnable
+    speed = np.where(fits, out["pred_tokens_per_s_per_gpu"], -np.inf)
+    memory = np.where(runnable, out["pred_peak_mem_gb"], np.inf)
+    frame = pd.DataFrame({"row": index, "speed": speed, "memory": memory})
+    # The fastest that fits, else the smallest.
+    best = frame.sort_values(["row", "speed", "memory"], ascending=[True, False, True])
+    best = best.drop_duplicates("row", keep="first")
+    winners = trial.loc[best.index]
+    winners.index = table.index[best["row"].to_numpy()]
+    return winners
 
 
 def read_resolved(df: pd.DataFrame) -> tuple[TrainingRows, pd.DataFrame]:

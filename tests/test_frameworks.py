@@ -160,3 +160,41 @@ def test_resolved_unknowns_are_what_the_framework_could_run() -> None:
     rows, _ = read_resolved(pd.DataFrame([row]))
     assert rows.errors.iloc[0] == ""
     assert bool(np.asarray(evaluate(rows.inputs())["pred_fits"])[0])
+
+
+def test_unknown_recompute_recomputes_only_the_layers_it_takes_to_fit() -> None:
+    """Megatron recomputes N layers per stage (--recompute-num-layers): a row that leaves
+    recompute unknown gets the fewest full-recompute layers that fit, not all of them."""
+    row = {
+        "model": "llama3-70b",
+        "layers": "80",
+        "hidden": "8192",
+        "heads": "64",
+        "kv_heads": "8",
+        "ffn_hidden": "28672",
+        "vocab": "128256",
+        "gpu": "h100-sxm-80gb",
+        "num_gpus": "64",
+        "framework": "megatron",
+        "tp": "4",
+        "pp": "4",
+        "vp": "1",
+        "cp": "1",
+        "ep": "1",
+        "dp": "4",
+        "sp": "y",
+        "mbs": "1",
+        "gbs": "128",
+        "seq_len": "8192",
+        "recompute": "unknown",
+        "zero": "1",
+        "precision": "bf16",
+    }
+    got = api.estimate_frame(pd.DataFrame([row])).iloc[0]
+    layers = int(got["resolved_recompute_layers"])
+    assert got["resolved_recompute"] == "full" and 0 < layers < 20
+    assert bool(got["pred_fits"])
+    stated = [row | {"recompute": "full", "recompute_layers": str(k)} for k in (layers - 1, 20)]
+    fewer, every = api.estimate_frame(pd.DataFrame(stated)).itertuples()
+    assert not fewer.pred_fits  # one layer fewer does not fit
+    assert every.pred_tokens_per_s_per_gpu < got["pred_tokens_per_s_per_gpu"]
