@@ -3,6 +3,7 @@ its arguments into typed specs and calls the layer that computes; nothing here m
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,10 +13,10 @@ from pydantic import ValidationError
 
 from autoconfig import catalog, checks, frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
-from autoconfig.cost import PREDICTION_COLUMNS, evaluate
+from autoconfig.cost import PREDICTION_COLUMNS, CostInputs, comm, evaluate
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.frame import with_predictions
-from autoconfig.resolve import RESOLVED, read_resolved
+from autoconfig.resolve import AUTO_SETTINGS, RESOLVED, as_framework_would, read_resolved
 from autoconfig.serve import continuous
 from autoconfig.serve import search as serve_search
 from autoconfig.serve.predict import predict_frame
@@ -73,10 +74,14 @@ def estimate(
     framework: str = "megatron",
     max_memory_gb: float | None = None,
     memory_headroom: float = 0.0,
+    auto: Collection[str] = (),
 ) -> pd.DataFrame:
     """One configuration's predictions and breakdown as a one-row DataFrame: the layout (every
     dimension, defaults resolved), the run, then the pred_* columns and breakdowns, for the
     layout run by `framework` (what it overlaps and fuses; a layout it cannot run is refused).
+    Settings named in `auto` (zero, recompute, sp, vp) are chosen as the framework would run
+    them: the fastest choice it can run that fits, else the one needing the least memory
+    (autoconfig.resolve); `auto` in the result names them.
     Without `gbs` the batch follows the search's rule (training/batch.py) rounded to a multiple
     of dp*mbs; `gbs_rule` says which. `mem_limit_gb` is the capacity less `memory_headroom`,
     at most `max_memory_gb`; `pred_fits` compares the peak with it.
@@ -134,27 +139,22 @@ def estimate(
         raise UserError(pydantic_message(exc)) from None
     if not gpu_spec.supports(run.precision.value):
         raise UserError(f"precision: {gpu_spec.name} has no {run.precision.value} tensor cores")
-    shape = {
-        "heads": spec.heads,
-        "kv_heads": spec.kv,
-        "layers": spec.layers,
-        "experts": spec.num_experts,
-        "num_gpus": num_gpus,
-        "gbs": run.gbs,
-        "seq": run.seq_len,
-    }
+    hardware = Hardware(gpu_spec, catalog.cluster_for(gpu_spec, gpus_per_node), run.precision)
+    does = _behaviour(fw, run.precision.value, flash_attention, sp_saves_gathered)
+    limit_gb = gpu_spec.memory_gb * (1 - memory_headroom)
+    if max_memory_gb is not None:
+        limit_gb = min(limit_gb, max_memory_gb)
+    if auto:
+        run = as_framework_would(
+            fw, spec, hardware, does, run, frozenset(auto), limit_gb, _shape(spec, num_gpus, run)
+        )
+    shape = _shape(spec, num_gpus, run)
     codes = {**layout.columns(layout.frame_of(run.model_dump())), **shape}
     broken = layout.first_broken(codes) or frameworks.first_broken(fw, codes)
     if broken:
         raise UserError(broken)
-    hardware = Hardware(gpu_spec, catalog.cluster_for(gpu_spec, gpus_per_node), run.precision)
     inputs = training_inputs(
-        spec,
-        hardware,
-        layout.frame_of(run.model_dump()),
-        run.gbs,
-        run.seq_len,
-        _behaviour(fw, run.precision.value, flash_attention, sp_saves_gathered),
+        spec, hardware, layout.frame_of(run.model_dump()), run.gbs, run.seq_len, does
     )
     with np.errstate(all="ignore"):
         preds = evaluate(inputs)
@@ -169,14 +169,43 @@ def estimate(
         "flash_attention": flash_attention,
         "framework": fw.name,
         "gbs_rule": gbs_rule,
+        "auto": ",".join(d for d in AUTO_SETTINGS if d in auto),
     }
-    out = pd.concat([pd.DataFrame([row]), pd.DataFrame(preds)], axis=1)
+    out = pd.concat([pd.DataFrame([row]), pd.DataFrame(preds), _links(inputs)], axis=1)
     limit = out["mem_capacity_gb"] * (1 - memory_headroom)
     if max_memory_gb is not None:
         limit = np.minimum(limit, max_memory_gb)
     out["mem_limit_gb"] = limit
     out["pred_fits"] = out["pred_peak_mem_gb"] <= limit
     return out
+
+
+def _links(inputs: CostInputs) -> pd.DataFrame:
+    """Per parallel group: `comm_<group>_ranks`, `comm_<group>_link` (nvlink or network) and
+    `comm_<group>_bus_gb_s` (the bus bandwidth its collectives get per GPU)."""
+
+    def first(value: object) -> float:  # inputs of one layout: scalars or length-1 arrays
+        return float(np.asarray(value).reshape(-1)[0])
+
+    columns: dict[str, list] = {}
+    for name, (ranks, link, network) in comm.group_links(inputs).items():
+        columns[f"comm_{name}_ranks"] = [int(first(ranks))]
+        columns[f"comm_{name}_link"] = ["network" if first(network) else "nvlink"]
+        columns[f"comm_{name}_bus_gb_s"] = [first(link.bandwidth) / 1e9]
+    return pd.DataFrame(columns)
+
+
+def _shape(spec: ModelSpec, num_gpus: int, run: ParallelConfig) -> dict[str, int]:
+    """The model and run figures the layout and framework rules check beside the layout."""
+    return {
+        "heads": spec.heads,
+        "kv_heads": spec.kv,
+        "layers": spec.layers,
+        "experts": spec.num_experts,
+        "num_gpus": num_gpus,
+        "gbs": run.gbs,
+        "seq": run.seq_len,
+    }
 
 
 def _behaviour(

@@ -3,7 +3,8 @@ stage, recompute, sequence parallelism, virtual stages or expert TP unknown, eve
 framework can run is evaluated and the fastest that fits is taken (the least memory when none
 fits), so a layout that ran is never refused because a default guessed wrong. A row that
 failed (status oom or crash) takes the framework's defaults instead: nothing says its run
-chose otherwise, and choosing what fits would hide the failure."""
+chose otherwise, and choosing what fits would hide the failure. `as_framework_would` does the
+same for the settings one typed layout names (`autoconfig estimate --auto`)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 
 from autoconfig import frameworks, layout
+from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import evaluate
+from autoconfig.errors import UserError
 from autoconfig.frame import RESOLVABLE, TrainingRows, read_training_rows
-from autoconfig.specs import FrameworkSpec
+from autoconfig.specs import FrameworkSpec, ModelSpec, ParallelConfig
 from autoconfig.vocab import Recompute
 
 # The output columns: each resolvable dimension, and how many layers per stage full recompute
@@ -172,3 +176,80 @@ def read_resolved(df: pd.DataFrame) -> tuple[TrainingRows, pd.DataFrame]:
     )
     failed = status.isin(["oom", "crash", "crash_or_oom"]).to_numpy()
     return resolve(read_training_rows(df), failed)
+
+
+# Settings `autoconfig estimate --auto` may leave to the framework (the flag-side RESOLVABLE).
+AUTO_SETTINGS = ("zero", "recompute", "sp", "vp")
+
+
+def as_framework_would(
+    fw: FrameworkSpec,
+    spec: ModelSpec,
+    hardware: Hardware,
+    does: Behaviour,
+    run: ParallelConfig,
+    auto: frozenset[str],
+    limit_gb: float,
+    shape: dict[str, int],
+) -> ParallelConfig:
+    """`run` with the settings in `auto` chosen as `fw` would run them: every choice it can
+    run is evaluated and the fastest that fits is kept (the least memory when none fits);
+    where that is full recompute of every layer and `fw` can recompute part of a stage, the
+    fewest layers per stage that fit. `shape` holds the model and run figures the layout rules
+    check (heads, kv_heads, layers, experts, num_gpus, gbs, seq)."""
+    unknown_names = sorted(auto - set(AUTO_SETTINGS))
+    if unknown_names:
+        raise UserError(
+            f"auto: unknown setting '{unknown_names[0]}'; allowed: {', '.join(AUTO_SETTINGS)}"
+        )
+    unknown = pd.Series({d: d in auto for d in RESOLVABLE})
+    choices = options(fw, pd.Series(run.model_dump()), unknown, spec.layers)
+    best = _fastest_config(fw, spec, hardware, does, run, choices, limit_gb, shape)
+    if best.recompute.value == "full" and "recompute" in auto and fw.allows("partial_recompute"):
+        per_stage = -(-spec.layers // best.pp)
+        partial = [{"recompute_layers": k} for k in range(1, per_stage + 1)]
+        best = _fastest_config(fw, spec, hardware, does, best, partial, limit_gb, shape)
+    return best
+
+
+def _fastest_config(
+    fw: FrameworkSpec,
+    spec: ModelSpec,
+    hardware: Hardware,
+    does: Behaviour,
+    run: ParallelConfig,
+    choices: list[dict],
+    limit_gb: float,
+    shape: dict[str, int],
+) -> ParallelConfig:
+    """Of `run` changed by each choice, the fastest that `fw` can run and fits `limit_gb`,
+    else the one needing the least memory."""
+    runs = []
+    for choice in choices:
+        values = run.model_dump() | choice
+        if values["recompute"] != "full":
+            values["recompute_layers"] = 0
+        elif "recompute_layers" not in choice and not values["recompute_layers"]:
+            values["recompute_layers"] = -(-spec.layers // values["pp"])
+        try:
+            runs.append(ParallelConfig(**values))
+        except ValidationError:
+            continue  # a combination the layout itself rules out (vp without pp, say)
+    if not runs:
+        return run
+    table = layout.frame_of([r.model_dump() for r in runs])
+    codes = {**layout.columns(table), **shape}
+    runnable = np.ones(len(runs), bool)
+    for _, _, bad in [*layout.rules(codes), *frameworks.rules(fw, codes)]:
+        runnable &= ~np.broadcast_to(np.asarray(bad, bool), runnable.shape)
+    inputs = training_inputs(spec, hardware, table, run.gbs, run.seq_len, does)
+    with np.errstate(all="ignore"):
+        preds = evaluate(inputs)
+    peak = np.broadcast_to(np.asarray(preds["pred_peak_mem_gb"], float), runnable.shape)
+    speed = np.broadcast_to(np.asarray(preds["pred_tokens_per_s_per_gpu"], float), peak.shape)
+    fits = runnable & (peak <= limit_gb)
+    if fits.any():
+        return runs[int(np.argmax(np.where(fits, speed, -np.inf)))]
+    if runnable.any():
+        return runs[int(np.argmin(np.where(runnable, peak, np.inf)))]
+    return run  # nothing the framework can run: the checks below name why

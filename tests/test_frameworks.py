@@ -198,3 +198,50 @@ def test_unknown_recompute_recomputes_only_the_layers_it_takes_to_fit() -> None:
     fewer, every = api.estimate_frame(pd.DataFrame(stated)).itertuples()
     assert not fewer.pred_fits  # one layer fewer does not fit
     assert every.pred_tokens_per_s_per_gpu < got["pred_tokens_per_s_per_gpu"]
+
+
+def test_estimate_auto_chooses_what_the_batch_resolution_chooses() -> None:
+    """`estimate --auto zero,recompute,vp` and a batch row that leaves them unknown pick the
+    same settings; without --auto the stated defaults are honoured (and do not fit)."""
+    shape = {"tp": 4, "pp": 4, "mbs": 1, "gbs": 128, "seq_len": 8192}
+    given = api.estimate("llama3-70b", "h100-sxm-80gb", 64, **shape).iloc[0]
+    assert given["recompute"] == "none" and not bool(given["pred_fits"])
+    auto = api.estimate(
+        "llama3-70b", "h100-sxm-80gb", 64, **shape, auto=["zero", "recompute", "vp"]
+    ).iloc[0]
+    assert bool(auto["pred_fits"]) and auto["auto"] == "zero,recompute,vp"
+    spec = catalog.get_model("llama3-70b")
+    row = {
+        "model": spec.name,
+        "layers": spec.layers,
+        "hidden": spec.hidden,
+        "heads": spec.heads,
+        "kv_heads": spec.kv,
+        "ffn_hidden": spec.ffn,
+        "vocab": spec.vocab,
+        "gpu": "h100-sxm-80gb",
+        "num_gpus": 64,
+        "framework": "megatron",
+        "dp": 4,
+        "cp": 1,
+        "ep": 1,
+        "sp": "y",
+        "vp": "unknown",
+        "zero": "unknown",
+        "recompute": "unknown",
+        "precision": "bf16",
+        **shape,
+    }
+    batch = api.estimate_frame(pd.DataFrame([row])).iloc[0]
+    for name in ("zero", "recompute", "recompute_layers", "vp"):
+        assert batch[f"resolved_{name}"] == auto[name], name
+    assert batch["pred_tokens_per_s_per_gpu"] == pytest.approx(auto["pred_tokens_per_s_per_gpu"])
+
+
+def test_estimate_auto_cli_says_what_it_chose_and_refuses_unknown_names() -> None:
+    args = ["estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "4", "--pp", "4"]
+    args += ["--gbs", "128", "--seq-len", "8192"]
+    done = run_cli(*args, "--auto", "zero,recompute")
+    assert done.returncode == 0, done.stderr
+    assert "chosen as megatron would run it: zero 1, recompute full" in done.stderr
+    assert_user_error(run_cli(*args, "--auto", "zero,tp"), "auto", "recompute")

@@ -266,3 +266,22 @@ def test_the_estimate_benchmark_runs(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2,000 configurations" in done.stdout
+
+
+def test_estimate_names_the_link_each_group_talks_over() -> None:
+    """TP inside a node runs over NVLink; data parallelism over 192 nodes crosses the network,
+    where each GPU gets its node's NICs' share (8 x 25 GB/s at the fitted bus efficiency), and
+    the ZeRO-3 gathers it cannot hide are what the estimate shows as exposed."""
+    row = api.estimate(
+        "gpt3-175b", "a100-sxm-80gb", 1536, tp=8, zero=3, mbs=1, gbs=1536, seq_len=2048,
+        recompute="full", precision="fp16",
+    ).iloc[0]  # fmt: skip
+    assert (row["comm_tp_ranks"], row["comm_tp_link"]) == (8, "nvlink")
+    assert (row["comm_dp_ranks"], row["comm_dp_link"]) == (192, "network")
+    assert row["comm_dp_bus_gb_s"] < row["comm_tp_bus_gb_s"]
+    assert row["comm_dp_bus_gb_s"] <= 8 * 25.0
+    assert row["comm_pp_ranks"] == 1 and row["time_dp_comm_s"] > 0
+    done = run("estimate", "--model", "gpt3-175b", "--gpu", "a100-sxm-80gb", "--gpus", "1536",
+               "--tp", "8", "--zero", "3", "--gbs", "1536", "--recompute", "full")  # fmt: skip
+    table = done.stdout[done.stdout.index("Communication by group") :]
+    assert "NVLink domain" in table and "network" in table and "192" in table

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from autoconfig import api
+from autoconfig import api, layout
 from autoconfig import compare as judge
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
@@ -57,6 +57,11 @@ def estimate(
     gpus_per_node: int = typer.Option(
         None, help="GPUs per node (default: the GPU's cluster)", callback=COUNT
     ),
+    auto: str = typer.Option(
+        None,
+        help="settings to choose as the framework would run them, the fastest that fits "
+        "(comma list of zero, recompute, sp, vp)",
+    ),
     compare: bool = typer.Option(
         False, help="rank this layout in the search over the same model, GPUs and batch"
     ),
@@ -98,20 +103,28 @@ def estimate(
         framework=framework.value,
         max_memory_gb=max_memory_gb,
         memory_headroom=memory_headroom,
+        auto=[name.strip() for name in (auto or "").split(",") if name.strip()],
     )
     row = result.iloc[0]
-    defaults.announce(
-        ctx,
-        {
-            "gpu": gpu,
-            "gbs": row["gbs_rule"],
-            "zero": zero,
-            "sp": "on" if row["sp"] else "off",
-            "recompute": recompute.value,
-            "precision": precision.value,
-            "framework": framework.value,
-        },
-    )
+    if row["auto"]:
+        chosen = {
+            "zero": f"zero {int(row['zero'])}",
+            "recompute": f"recompute {layout.recompute_label(row)}",
+            "sp": f"sp {'on' if row['sp'] else 'off'}",
+            "vp": f"vp {int(row['vp'])}",
+        }
+        picks = ", ".join(chosen[name] for name in row["auto"].split(","))
+        print(f"chosen as {framework.value} would run it: {picks}", file=sys.stderr)
+    used = {
+        "gpu": gpu,
+        "gbs": row["gbs_rule"],
+        "zero": zero,
+        "sp": "on" if row["sp"] else "off",
+        "recompute": recompute.value,
+        "precision": precision.value,
+        "framework": framework.value,
+    }
+    defaults.announce(ctx, {k: v for k, v in used.items() if k not in row["auto"].split(",")})
     terminal.print_view(terminal.estimate_view(row))
     request = search_run.make_request(
         model,

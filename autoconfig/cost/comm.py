@@ -97,3 +97,24 @@ def dp_link(x: CostInputs) -> Link:
 def pp_link(x: CostInputs) -> Link:
     """Adjacent stages sit tp*cp*dp ranks apart; each GPU sends over its own link."""
     return group_link(x, 2.0, x.tp * x.cp * x.dp)
+
+
+def group_links(x: CostInputs) -> dict[str, tuple[Col, Link, Col]]:
+    """Per parallel group (tp, cp, ep, dp, pp): its ranks, the link it communicates over and
+    whether that link crosses the network (1.0) or stays in the NVLink domain (0.0). Expert
+    dispatch leaves through each GPU's own NIC (see expert_dispatch)."""
+    out = {}
+    for name, size, stride in (
+        ("tp", x.tp, 1.0),
+        ("cp", x.cp, x.tp),
+        ("dp", x.dp * x.cp, x.tp),
+        ("pp", x.pp, x.tp * x.cp * x.dp),
+    ):
+        reach = 2.0 if name == "pp" else size  # a stage talks to its neighbour only
+        out[name] = (size, group_link(x, reach, stride), (reach * stride > x.gpus_per_node) * 1.0)
+    network = x.ep * x.etp > x.gpus_per_node
+    nvlink = x.intra_bytes_s * x.eff_intra
+    nic = np.minimum(nvlink, x.inter_bytes_s * x.eff_inter)
+    own = Link(np.where(network, nic, nvlink), np.where(network, x.lat_inter_s, x.lat_intra_s))
+    out["ep"] = (x.ep, own, network * 1.0)
+    return out

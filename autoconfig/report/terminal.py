@@ -108,6 +108,9 @@ def near_tie_line(count: int) -> str:
     )
 
 
+COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp")  # the parallel groups, innermost first
+
+
 def estimate_view(row: pd.Series) -> Group:
     """The breakdown of one estimate (a row of autoconfig.estimate)."""
     resolved = row
@@ -150,13 +153,30 @@ def estimate_view(row: pd.Series) -> Group:
             tim.add_row(label, f"{value:,.4f}", f"{100 * value / step:.1f}%")
     tim.add_row("[bold]step[/bold]", f"[bold]{step:,.4f}[/bold]", "")
 
+    links = Table(title="Communication by group", title_justify="left")
+    for name, justify in (("group", "left"), ("ranks", "right"), ("link", "left")):
+        links.add_column(name, justify=justify)
+    links.add_column("bus GB/s per GPU", justify="right")
+    links.add_column("exposed s", justify="right")
+    for group in COMM_GROUPS:
+        ranks = int(row.get(f"comm_{group}_ranks", 1))
+        if ranks > 1:
+            links.add_row(
+                group.upper(),
+                f"{ranks:,}",
+                "NVLink domain" if row[f"comm_{group}_link"] == "nvlink" else "network",
+                f"{float(row[f'comm_{group}_bus_gb_s']):,.0f}",
+                f"{float(row[f'time_{group}_comm_s']):,.4f}",
+            )
+
     perf = Table.grid(padding=(0, 2))
     perf.add_column(style="bold")
     perf.add_column(justify="right")
     perf.add_row("tokens/s/GPU", f"{float(row['pred_tokens_per_s_per_gpu']):,.0f}")
     perf.add_row("model TFLOP/s/GPU", f"{float(row['pred_model_tflops_per_gpu']):,.1f}")
     perf.add_row("MFU", f"{100 * float(row['pred_mfu']):.1f}%")
-    return Group(head, "", mem, "", tim, "", perf)
+    parts = [head, "", mem, "", tim, ""] + ([links, ""] if links.row_count else [])
+    return Group(*parts, perf)
 
 
 def _count(n: int) -> str:
