@@ -16,7 +16,13 @@ from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, CostInputs, comm, evaluate
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.frame import with_predictions
-from autoconfig.resolve import AUTO_SETTINGS, RESOLVED, as_framework_would, read_resolved
+from autoconfig.resolve import (
+    AUTO_SETTINGS,
+    RESOLVED,
+    as_framework_would,
+    read_resolved,
+    stage_layer_count,
+)
 from autoconfig.serve import continuous
 from autoconfig.serve import search as serve_search
 from autoconfig.serve.predict import predict_frame
@@ -46,6 +52,11 @@ def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
     rows, resolved = read_resolved(runs)
     with np.errstate(all="ignore"):
         preds = evaluate(rows.inputs())
+    refused = rows.errors.to_numpy() != ""  # nothing was chosen for a refused row
+    resolved = pd.DataFrame(
+        {c: np.where(refused, None, resolved[c].to_numpy(dtype=object)) for c in resolved},
+        index=resolved.index,
+    )
     return pd.concat([with_predictions(runs, preds, rows.errors), resolved], axis=1)
 
 
@@ -108,7 +119,7 @@ def estimate(
         raise UserError(f"max-memory-gb: must be positive (got {max_memory_gb})")
     dp = dp if dp is not None else num_gpus // max(tp * pp * cp, 1)
     full = str(recompute) == "full"
-    per_stage = -(-spec.layers // max(pp, 1))
+    per_stage = stage_layer_count(spec.layers, max(pp, 1), max(vp, 1))
     if gbs is None:
         rule = batch.fitted_to(
             batch.default_batch(spec, seq_len or spec.seq_len), max(dp, 1) * max(mbs, 1)
@@ -144,6 +155,8 @@ def estimate(
     limit_gb = gpu_spec.memory_gb * (1 - memory_headroom)
     if max_memory_gb is not None:
         limit_gb = min(limit_gb, max_memory_gb)
+    if isinstance(auto, str):  # "zero,recompute" as on the command line
+        auto = [name.strip() for name in auto.split(",") if name.strip()]
     if auto:
         run = as_framework_would(
             fw, spec, hardware, does, run, frozenset(auto), limit_gb, _shape(spec, num_gpus, run)

@@ -299,7 +299,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 "full": (
                     "--recompute-granularity full",
                     "--recompute-method block",
-                    "--recompute-num-layers {recompute_layers}",
+                    "--recompute-num-layers {recompute_layers_per_chunk}",
                 ),
             },
             NEMO: {
@@ -308,7 +308,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 "full": (
                     'recipe.model.config.recompute_granularity = "full"',
                     'recipe.model.config.recompute_method = "block"',
-                    "recipe.model.config.recompute_num_layers = {recompute_layers}",
+                    "recipe.model.config.recompute_num_layers = {recompute_layers_per_chunk}",
                 ),
             },
             TORCHTITAN: {
@@ -321,7 +321,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             },
             DEEPSPEED: {
                 "none": "",
-                "full": ("--checkpoint-activations", "--checkpoint-num-layers {recompute_layers}"),
+                "full": ("--checkpoint-activations", "--checkpoint-num-layers 1"),
             },
             NANOTRON: {
                 "none": "model.recompute_layer: false",

@@ -27,6 +27,12 @@ from autoconfig.vocab import Recompute
 # covers (0: every layer), which partial recompute chooses along with it.
 RESOLVED = (*RESOLVABLE, "recompute_layers")
 
+
+def stage_layer_count(layers: int, pp: int, vp: int) -> int:
+    """Layers on the busiest pipeline rank: vp chunks of ceil(layers / (pp*vp)) each."""
+    return -(-layers // (pp * vp)) * vp
+
+
 VP_CHOICES = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24)
 
 
@@ -96,6 +102,15 @@ def resolve(
     resolved = pd.DataFrame(
         {f"resolved_{d}": chosen[d].to_numpy() for d in RESOLVED}, index=table.index
     )
+    # Full recompute names its layers per stage, as a stated layout does (0 meant all of them).
+    layers = np.array([m.layers for m in rows.models], float)
+    every = np.ceil(layers / (chosen["pp"] * chosen["vp"]).to_numpy(float)) * chosen["vp"]
+    full = (resolved["resolved_recompute"] == Recompute.FULL.value) & (
+        resolved["resolved_recompute_layers"] == 0
+    )
+    resolved["resolved_recompute_layers"] = resolved["resolved_recompute_layers"].where(
+        ~full, every.astype(int)
+    )
     return replace(rows, layouts=chosen), resolved
 
 
@@ -111,9 +126,10 @@ def _partial_recompute(
             continue
         if not rows.frameworks[i].allows("partial_recompute") or int(row["recompute_layers"]):
             continue
-        pp, vp = int(row["pp"]), int(row["vp"])
-        per_stage = -(-rows.models[i].layers // (pp * vp)) * vp
-        picks += [(int(i), {"recompute_layers": k}) for k in range(1, per_stage)]
+        per_stage = stage_layer_count(rows.models[i].layers, int(row["pp"]), int(row["vp"]))
+        # whole layers in each virtual chunk (Megatron-Core counts them per model chunk)
+        step = int(row["vp"])
+        picks += [(int(i), {"recompute_layers": k}) for k in range(step, per_stage, step)]
     return picks
 
 
@@ -206,8 +222,8 @@ def as_framework_would(
     choices = options(fw, pd.Series(run.model_dump()), unknown, spec.layers)
     best = _fastest_config(fw, spec, hardware, does, run, choices, limit_gb, shape)
     if best.recompute.value == "full" and "recompute" in auto and fw.allows("partial_recompute"):
-        per_stage = -(-spec.layers // best.pp)
-        partial = [{"recompute_layers": k} for k in range(1, per_stage + 1)]
+        per_stage = stage_layer_count(spec.layers, best.pp, best.vp)
+        partial = [{"recompute_layers": k} for k in range(best.vp, per_stage + 1, best.vp)]
         best = _fastest_config(fw, spec, hardware, does, best, partial, limit_gb, shape)
     return best
 
@@ -230,7 +246,7 @@ def _fastest_config(
         if values["recompute"] != "full":
             values["recompute_layers"] = 0
         elif "recompute_layers" not in choice and not values["recompute_layers"]:
-            values["recompute_layers"] = -(-spec.layers // values["pp"])
+            values["recompute_layers"] = stage_layer_count(spec.layers, values["pp"], values["vp"])
         try:
             runs.append(ParallelConfig(**values))
         except ValidationError:

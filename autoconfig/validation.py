@@ -329,7 +329,10 @@ def dominated_failures(runs: pd.DataFrame) -> pd.Series:
     states, saved activations and the logits buffer each shrink or hold under these moves,
     so the failed run needed no more memory than one that ran: it failed for another reason
     (a hang, a launch or network error), and no memory model can flag it without also
-    flagging the run that ran."""
+    flagging the run that ran. Settings a row leaves unknown count as equal between runs of
+    one sweep (the Playbook states recompute and sp for none of its runs: one sweep, one
+    setting). Interleaved schedules (vp > 1) and MoE rows (whose expert weights need not
+    shrink with tp) are never counted as dominated."""
     num = {c: pd.to_numeric(runs[c], errors="coerce") for c in ("tp", "pp", "dp", "mbs", "zero")}
     layers = pd.to_numeric(runs["layers"], errors="coerce")
     micro = pd.to_numeric(runs["gbs"], errors="coerce") / (num["dp"] * num["mbs"])
@@ -346,10 +349,13 @@ def dominated_failures(runs: pd.DataFrame) -> pd.Series:
         index=runs.index,
     )
     settings = runs[SAME_MEMORY_SETTINGS].astype(str).agg("|".join, axis=1)
+    vp = pd.to_numeric(runs["vp"], errors="coerce").fillna(1)
+    experts = pd.to_numeric(runs["num_experts"], errors="coerce").fillna(0)
+    plain = (vp <= 1) & (experts == 0)  # the rows the memory terms above describe
     out = pd.Series(False, index=runs.index)
     for _, group in table.groupby(settings):
         ran = group[group["status"] == "ok"]
-        failed = group[group["status"].isin(["crash_or_oom", "oom"])]
+        failed = group[group["status"].isin(["crash_or_oom", "oom"]) & plain[group.index]]
         if ran.empty or failed.empty:
             continue
         r = {c: ran[c].to_numpy()[None, :] for c in ran.columns if c != "status"}

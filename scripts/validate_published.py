@@ -117,7 +117,10 @@ def main() -> None:
                 "(`autoconfig.validation.dominated_failures`). Such a failure has another cause "
                 "(a hang, a launch or network error); no memory model can flag it without "
                 "flagging the run that ran, so *reachable* is the most any memory model can "
-                "score on failed runs while every run that ran is predicted to fit. The failed "
+                "score on failed runs while every run that ran is predicted to fit. Settings "
+                "a row leaves unknown count as equal within one sweep (the Playbook states "
+                "recompute and sp for none of its runs); interleaved and MoE rows are never "
+                "counted. The failed "
                 f"runs the batch estimate refuses outright ({int(refused_failures)}, last "
                 "table) are not in these counts.",
                 "",

@@ -245,3 +245,20 @@ def test_estimate_auto_cli_says_what_it_chose_and_refuses_unknown_names() -> Non
     assert done.returncode == 0, done.stderr
     assert "chosen as megatron would run it: zero 1, recompute full" in done.stderr
     assert_user_error(run_cli(*args, "--auto", "zero,tp"), "auto", "recompute")
+    # a setting is stated or left to the framework, not both
+    assert_user_error(run_cli(*args, "--zero", "0", "--auto", "zero"), "auto", "--zero")
+    assert_user_error(
+        run_cli(*args, "--recompute-layers", "3", "--auto", "recompute"), "--recompute-layers"
+    )
+
+
+def test_a_refused_row_resolves_nothing() -> None:
+    base = {"model": "llama3-70b", "layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8,
+            "ffn_hidden": 28672, "vocab": 128256, "gpu": "h100-sxm-80gb", "num_gpus": 64,
+            "framework": "megatron", "tp": 8, "dp": 8, "cp": 1, "ep": 1, "vp": 1, "mbs": 1,
+            "gbs": 128, "seq_len": 8192, "zero": "unknown", "recompute": "unknown",
+            "sp": "y", "precision": "bf16"}  # fmt: skip
+    out = api.estimate_frame(pd.DataFrame([base | {"pp": 1}, base | {"pp": 160}]))
+    assert out["error"].tolist()[0] == "" and "pp" in out["error"].tolist()[1]
+    assert out["resolved_zero"].notna().tolist() == [True, False]
+    assert out["resolved_recompute"].notna().tolist() == [True, False]

@@ -45,7 +45,8 @@ def test_repeat_spread_pairs_and_ratios() -> None:
 
 
 def _layouts(rows: list[dict[str, object]]) -> pd.DataFrame:
-    base = {col: "x" for col in SAME_MEMORY_SETTINGS} | {"gbs": 64, "layers": 16}
+    base = {col: "x" for col in SAME_MEMORY_SETTINGS} | {"gbs": 64, "layers": 16, "vp": 1}
+    base |= {"num_experts": ""}
     base |= {"tp": 1, "pp": 1, "dp": 8, "mbs": 1, "zero": 0, "status": "ok"}
     return pd.DataFrame([base | row for row in rows])
 
@@ -81,3 +82,11 @@ def test_more_micro_batches_in_flight_is_not_dominated() -> None:
     assert dominated_failures(runs).tolist() == [False, False]
     ran_more = runs.assign(dp=[4, 4])  # the run that ran: 2 of 16 micro-batches alive, 8 layers
     assert dominated_failures(ran_more).tolist() == [False, True]
+
+
+def test_interleaved_and_moe_failures_are_never_counted_dominated() -> None:
+    ran = {"tp": 2, "pp": 2, "mbs": 2}
+    failed = {"status": "crash_or_oom", "tp": 4, "pp": 2, "mbs": 2}
+    assert dominated_failures(_layouts([ran, failed])).tolist() == [False, True]
+    for other in ({"vp": 2}, {"num_experts": 8}):
+        assert dominated_failures(_layouts([ran | other, failed | other])).tolist() == [False] * 2

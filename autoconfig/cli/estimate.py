@@ -20,6 +20,14 @@ from autoconfig.report import files, terminal
 from autoconfig.training import run as search_run
 from autoconfig.vocab import Framework, Precision, Recompute
 
+# The flags that state what each --auto setting would otherwise choose.
+AUTO_FLAGS = {
+    "zero": ("zero",),
+    "recompute": ("recompute", "recompute_layers"),
+    "sp": ("sp",),
+    "vp": ("vp",),
+}
+
 
 @app.command()
 def estimate(
@@ -80,6 +88,14 @@ def estimate(
     if profile is not None and not defaults.defaulted(ctx, "gpu"):
         raise UserError("profile: give --profile or --gpu, not both")
     gpu = profile or gpu
+    chosen_names = [name.strip() for name in (auto or "").split(",") if name.strip()]
+    for name in chosen_names:  # a setting is given or left to the framework, not both
+        for flag in AUTO_FLAGS.get(name, ()):
+            if not defaults.defaulted(ctx, flag):
+                raise UserError(
+                    f"auto: {name} is also given with --{flag.replace('_', '-')}; "
+                    "give one or the other"
+                )
     result = api.estimate(
         model,
         gpu,
@@ -103,7 +119,7 @@ def estimate(
         framework=framework.value,
         max_memory_gb=max_memory_gb,
         memory_headroom=memory_headroom,
-        auto=[name.strip() for name in (auto or "").split(",") if name.strip()],
+        auto=chosen_names,
     )
     row = result.iloc[0]
     if row["auto"]:

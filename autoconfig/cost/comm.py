@@ -100,14 +100,18 @@ def pp_link(x: CostInputs) -> Link:
 
 
 def group_links(x: CostInputs) -> dict[str, tuple[Col, Link, Col]]:
-    """Per parallel group (tp, cp, ep, dp, pp): its ranks, the link it communicates over and
-    whether that link crosses the network (1.0) or stays in the NVLink domain (0.0). Expert
-    dispatch leaves through each GPU's own NIC (see expert_dispatch)."""
-    out = {}
+    """Per parallel group (tp, cp, ep, dp, edp, pp): its ranks, the link it communicates over
+    and whether that link crosses the network (1.0) or stays in the NVLink domain (0.0). dp
+    reduces the dense gradients over dp*cp ranks, edp the experts' over the ranks holding the
+    same experts (tp*dp*cp / (ep*etp), spaced ep*etp apart). Expert dispatch leaves through
+    each GPU's own NIC (see expert_dispatch)."""
+    out: dict[str, tuple[Col, Link, Col]] = {}
+    expert_dp = np.where(x.experts > 0, x.tp * x.dp * x.cp / (x.ep * x.etp), 1.0)
     for name, size, stride in (
         ("tp", x.tp, 1.0),
         ("cp", x.cp, x.tp),
         ("dp", x.dp * x.cp, x.tp),
+        ("edp", expert_dp, x.ep * x.etp),
         ("pp", x.pp, x.tp * x.cp * x.dp),
     ):
         reach = 2.0 if name == "pp" else size  # a stage talks to its neighbour only

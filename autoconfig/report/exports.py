@@ -72,6 +72,9 @@ def context(
     uneven = pp > 1 and layers % pp
     c["uneven_last_stage_layers"] = _last_stage_layers(layers, pp) if uneven else None
     c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 else None
+    # Megatron-Core counts --recompute-num-layers within each model chunk (TransformerBlock
+    # recomputes its own first N layers), so a rank's count splits over its vp chunks.
+    c["recompute_layers_per_chunk"] = -(-c["recompute_layers"] // vp)
     c["pipeline_schedule"] = ("Interleaved1F1B" if vp > 1 else "1F1B") if pp > 1 else None
     c["pipeline_microbatch"] = mbs if pp > 1 else None
     # torchtitan: without pipelining the local batch is the micro-batch (gradient

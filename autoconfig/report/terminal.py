@@ -108,7 +108,15 @@ def near_tie_line(count: int) -> str:
     )
 
 
-COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp")  # the parallel groups, innermost first
+# The parallel groups, innermost first, as the communication table names them.
+COMM_GROUPS = {
+    "tp": "TP",
+    "cp": "CP",
+    "ep": "EP",
+    "pp": "PP",
+    "dp": "DP (over dp x cp)",
+    "edp": "expert DP",
+}
 
 
 def estimate_view(row: pd.Series) -> Group:
@@ -158,15 +166,17 @@ def estimate_view(row: pd.Series) -> Group:
         links.add_column(name, justify=justify)
     links.add_column("bus GB/s per GPU", justify="right")
     links.add_column("exposed s", justify="right")
-    for group in COMM_GROUPS:
+    for group, label in COMM_GROUPS.items():
         ranks = int(row.get(f"comm_{group}_ranks", 1))
         if ranks > 1:
+            # expert and dense gradients share one exposed figure (timing._data_parallel)
+            time_column = "time_dp_comm_s" if group == "edp" else f"time_{group}_comm_s"
             links.add_row(
-                group.upper(),
+                label,
                 f"{ranks:,}",
                 "NVLink domain" if row[f"comm_{group}_link"] == "nvlink" else "network",
                 f"{float(row[f'comm_{group}_bus_gb_s']):,.0f}",
-                f"{float(row[f'time_{group}_comm_s']):,.4f}",
+                "counted in DP" if group == "edp" else f"{float(row[time_column]):,.4f}",
             )
 
     perf = Table.grid(padding=(0, 2))

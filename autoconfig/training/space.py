@@ -155,7 +155,9 @@ def enumerate_candidates(
     ridx = cols["recompute"].astype(int)
     cols["recompute"], frac = options[ridx, 0], options[ridx, 1]
     per_stage = np.ceil(layers / cols["pp"])
-    cols["recompute_layers"] = np.where(cols["recompute"] == full, np.ceil(frac * per_stage), 0.0)
+    cols["recompute_layers"] = np.where(
+        cols["recompute"] == full, partial_layers(frac, per_stage, cols["vp"]), 0.0
+    )
     left_out: dict[str, int] = {}
     with np.errstate(all="ignore"):
         c = {**defaults, **cols, **shape, "gbs": float(gbs)}
@@ -201,9 +203,17 @@ def _setting_policies(
             "same as full recompute of every layer",
             (recompute == Recompute.FULL.code)
             & (frac < 1)
-            & (np.ceil(frac * per_stage) >= per_stage),
+            & (partial_layers(frac, per_stage, np.asarray(c["vp"])) >= per_stage),
         ),
     ]
+
+
+def partial_layers(frac: np.ndarray, per_stage: np.ndarray, vp: np.ndarray) -> np.ndarray:
+    """Layers per stage that full recompute of a fraction `frac` of them covers: a whole
+    number of layers in each of the stage's vp chunks, since Megatron-Core counts
+    --recompute-num-layers within each model chunk."""
+    vp = np.maximum(vp, 1.0)
+    return np.ceil(frac * per_stage / vp) * vp
 
 
 def _typed(d: layout.Dimension, values: np.ndarray) -> np.ndarray:
