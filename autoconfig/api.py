@@ -14,15 +14,10 @@ from pydantic import ValidationError
 from autoconfig import catalog, checks, frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, CostInputs, comm, evaluate
+from autoconfig.cost.inputs import busiest_rank_layers
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.frame import with_predictions
-from autoconfig.resolve import (
-    AUTO_SETTINGS,
-    RESOLVED,
-    as_framework_would,
-    read_resolved,
-    stage_layer_count,
-)
+from autoconfig.resolve import RESOLVED, as_framework_would, auto_settings, read_resolved
 from autoconfig.serve import continuous
 from autoconfig.serve import search as serve_search
 from autoconfig.serve.predict import predict_frame
@@ -119,7 +114,7 @@ def estimate(
         raise UserError(f"max-memory-gb: must be positive (got {max_memory_gb})")
     dp = dp if dp is not None else num_gpus // max(tp * pp * cp, 1)
     full = str(recompute) == "full"
-    per_stage = stage_layer_count(spec.layers, max(pp, 1), max(vp, 1))
+    per_stage = int(busiest_rank_layers(spec.layers, max(pp, 1), max(vp, 1)))
     if gbs is None:
         rule = batch.fitted_to(
             batch.default_batch(spec, seq_len or spec.seq_len), max(dp, 1) * max(mbs, 1)
@@ -155,13 +150,10 @@ def estimate(
     limit_gb = gpu_spec.memory_gb * (1 - memory_headroom)
     if max_memory_gb is not None:
         limit_gb = min(limit_gb, max_memory_gb)
-    if isinstance(auto, str):  # "zero,recompute" as on the command line
-        auto = [name.strip() for name in auto.split(",") if name.strip()]
+    auto = auto_settings(auto)
+    shape = _shape(spec, num_gpus, run)  # what --auto may change leaves these alone
     if auto:
-        run = as_framework_would(
-            fw, spec, hardware, does, run, frozenset(auto), limit_gb, _shape(spec, num_gpus, run)
-        )
-    shape = _shape(spec, num_gpus, run)
+        run = as_framework_would(fw, spec, hardware, does, run, frozenset(auto), limit_gb, shape)
     codes = {**layout.columns(layout.frame_of(run.model_dump())), **shape}
     broken = layout.first_broken(codes) or frameworks.first_broken(fw, codes)
     if broken:
@@ -182,14 +174,11 @@ def estimate(
         "flash_attention": flash_attention,
         "framework": fw.name,
         "gbs_rule": gbs_rule,
-        "auto": ",".join(d for d in AUTO_SETTINGS if d in auto),
+        "auto": ",".join(auto),
     }
     out = pd.concat([pd.DataFrame([row]), pd.DataFrame(preds), _links(inputs)], axis=1)
-    limit = out["mem_capacity_gb"] * (1 - memory_headroom)
-    if max_memory_gb is not None:
-        limit = np.minimum(limit, max_memory_gb)
-    out["mem_limit_gb"] = limit
-    out["pred_fits"] = out["pred_peak_mem_gb"] <= limit
+    out["mem_limit_gb"] = limit_gb
+    out["pred_fits"] = out["pred_peak_mem_gb"] <= limit_gb
     return out
 
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from autoconfig import catalog, checks, frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
-from autoconfig.cost.inputs import CostInputs
+from autoconfig.cost.inputs import CostInputs, busiest_rank_layers
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.specs import FrameworkSpec, GPUSpec, ModelSpec
 from autoconfig.vocab import Framework, Mlp, Norm, Position, Precision, Recompute
@@ -414,7 +414,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     err.add(~recompute.isin(Recompute.values()), f"recompute: must be {Recompute.allowed()}")
     precision = text_column(df, "precision").replace({"": "bf16"})
     err.add(~precision.isin(Precision.values()), f"precision: must be {Precision.allowed()}")
-    per_stage = np.ceil(num["layers"] / (pp * vp)) * vp
+    per_stage = busiest_rank_layers(num["layers"], pp, vp)
     full = recompute == Recompute.FULL.value
     recompute_layers = num["recompute_layers"].fillna(per_stage.where(full, 0))
     moe = num["num_experts"].fillna(0) > 0

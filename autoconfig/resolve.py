@@ -9,7 +9,9 @@ same for the settings one typed layout names (`autoconfig estimate --auto`)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection, Mapping
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,19 +20,15 @@ from pydantic import ValidationError
 from autoconfig import frameworks, layout
 from autoconfig.columns import Behaviour, Hardware, training_inputs
 from autoconfig.cost import evaluate
+from autoconfig.cost.inputs import busiest_rank_layers
 from autoconfig.errors import UserError
 from autoconfig.frame import RESOLVABLE, TrainingRows, read_training_rows
 from autoconfig.specs import FrameworkSpec, ModelSpec, ParallelConfig
 from autoconfig.vocab import Recompute
 
 # The output columns: each resolvable dimension, and how many layers per stage full recompute
-# covers (0: every layer), which partial recompute chooses along with it.
+# covers, which partial recompute chooses along with it.
 RESOLVED = (*RESOLVABLE, "recompute_layers")
-
-
-def stage_layer_count(layers: int, pp: int, vp: int) -> int:
-    """Layers on the busiest pipeline rank: vp chunks of ceil(layers / (pp*vp)) each."""
-    return -(-layers // (pp * vp)) * vp
 
 
 VP_CHOICES = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24)
@@ -97,19 +95,10 @@ def resolve(
     # Megatron-style partial recompute: of the rows that ended on full recompute of every layer,
     # recompute only as many layers per stage as it takes to fit (fewer is faster).
     partial = _partial_recompute(rows, chosen, todo[~failed[todo]])
-    winners = _fastest_fitting(rows, chosen, [*partial, *_as_picks(chosen, partial)], todo)
+    winners = _fastest_fitting(rows, chosen, partial, todo)
     chosen.loc[winners.index] = winners
     resolved = pd.DataFrame(
         {f"resolved_{d}": chosen[d].to_numpy() for d in RESOLVED}, index=table.index
-    )
-    # Full recompute names its layers per stage, as a stated layout does (0 meant all of them).
-    layers = np.array([m.layers for m in rows.models], float)
-    every = np.ceil(layers / (chosen["pp"] * chosen["vp"]).to_numpy(float)) * chosen["vp"]
-    full = (resolved["resolved_recompute"] == Recompute.FULL.value) & (
-        resolved["resolved_recompute_layers"] == 0
-    )
-    resolved["resolved_recompute_layers"] = resolved["resolved_recompute_layers"].where(
-        ~full, every.astype(int)
     )
     return replace(rows, layouts=chosen), resolved
 
@@ -117,28 +106,24 @@ def resolve(
 def _partial_recompute(
     rows: TrainingRows, chosen: pd.DataFrame, todo: np.ndarray
 ) -> list[tuple[int, dict]]:
-    """Each count of fully recomputed layers per stage short of all of them, for the rows that
-    resolved to full recompute of every layer under a framework that can recompute part."""
+    """Each count of fully recomputed layers per stage, up to all of them, for the rows whose
+    unknown recompute resolved to full under a framework that can recompute part of a stage."""
     picks: list[tuple[int, dict]] = []
     for i in todo:
         row = chosen.iloc[i]
         if not rows.unknown.iloc[i]["recompute"] or row["recompute"] != Recompute.FULL.value:
             continue
-        if not rows.frameworks[i].allows("partial_recompute") or int(row["recompute_layers"]):
-            continue
-        per_stage = stage_layer_count(rows.models[i].layers, int(row["pp"]), int(row["vp"]))
-        # whole layers in each virtual chunk (Megatron-Core counts them per model chunk)
-        step = int(row["vp"])
-        picks += [(int(i), {"recompute_layers": k}) for k in range(step, per_stage, step)]
+        if rows.frameworks[i].allows("partial_recompute"):
+            counts = partial_counts(row, rows.models[i])
+            picks += [(int(i), {"recompute_layers": k}) for k in counts]
     return picks
 
 
-def _as_picks(chosen: pd.DataFrame, partial: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
-    """The resolved value of each row `partial` tries to improve on, as one more choice."""
-    return [
-        (i, {"recompute_layers": int(chosen.iloc[i]["recompute_layers"])})
-        for i in sorted({i for i, _ in partial})
-    ]
+def partial_counts(run: Mapping[str, Any], spec: ModelSpec) -> range:
+    """Layers per stage that full recompute of part of a stage can cover: whole layers in each
+    of its vp chunks (Megatron-Core counts --recompute-num-layers per model chunk), up to all."""
+    vp = int(run["vp"])
+    return range(vp, int(busiest_rank_layers(spec.layers, int(run["pp"]), vp)) + 1, vp)
 
 
 def _fastest_fitting(
@@ -154,9 +139,13 @@ def _fastest_fitting(
     chosen_values = pd.DataFrame([c for _, c in picks])
     trial = chosen_values.combine_first(trial)[list(table.columns)]
     trial = trial.astype(table.dtypes.to_dict())
-    full = trial["recompute"] == Recompute.FULL.value
-    trial["recompute_layers"] = trial["recompute_layers"].where(full, 0)
     x = rows.inputs().take(index)
+    # Full recompute names its layers per stage, as a stated layout does; a row whose
+    # recompute was unknown starts from every layer.
+    full = trial["recompute"] == Recompute.FULL.value
+    every = busiest_rank_layers(np.asarray(x.layers, float), trial["pp"], trial["vp"])
+    stated = trial["recompute_layers"].where(trial["recompute_layers"] > 0, every)
+    trial["recompute_layers"] = stated.where(full, 0).astype(int)
     codes = layout.columns(trial)
     x = replace(x, **{k: v.astype(x.tp.dtype) for k, v in codes.items()})
     with np.errstate(all="ignore"):
@@ -173,15 +162,22 @@ def _fastest_fitting(
         for _, _, bad in frameworks.rules(fw, cols):
             runnable[mine] &= ~np.broadcast_to(bad, (int(mine.sum()),))
     fits = np.asarray(out["pred_fits"], bool) & runnable
-    speed = np.where(fits, out["pred_tokens_per_s_per_gpu"], -np.inf)
-    memory = np.where(runnable, out["pred_peak_mem_gb"], np.inf)
-    frame = pd.DataFrame({"row": index, "speed": speed, "memory": memory})
-    # The fastest that fits, else the smallest.
-    best = frame.sort_values(["row", "speed", "memory"], ascending=[True, False, True])
-    best = best.drop_duplicates("row", keep="first")
-    winners = trial.loc[best.index]
-    winners.index = table.index[best["row"].to_numpy()]
+    best = _fastest_then_smallest(index, fits, runnable, out)
+    winners = trial.loc[best]
+    winners.index = table.index[index[best]]
     return winners
+
+
+def _fastest_then_smallest(
+    group: np.ndarray, fits: np.ndarray, runnable: np.ndarray, out: dict
+) -> np.ndarray:
+    """Per group of choices, the position of the fastest that fits, else of the runnable one
+    needing the least memory (`out`: the cost model's predictions for every choice)."""
+    speed = np.where(fits, np.asarray(out["pred_tokens_per_s_per_gpu"], float), -np.inf)
+    memory = np.where(runnable, np.asarray(out["pred_peak_mem_gb"], float), np.inf)
+    frame = pd.DataFrame({"group": group, "speed": speed, "memory": memory})
+    best = frame.sort_values(["group", "speed", "memory"], ascending=[True, False, True])
+    return best.drop_duplicates("group", keep="first").index.to_numpy()
 
 
 def read_resolved(df: pd.DataFrame) -> tuple[TrainingRows, pd.DataFrame]:
@@ -196,6 +192,17 @@ def read_resolved(df: pd.DataFrame) -> tuple[TrainingRows, pd.DataFrame]:
 
 # Settings `autoconfig estimate --auto` may leave to the framework (the flag-side RESOLVABLE).
 AUTO_SETTINGS = ("zero", "recompute", "sp", "vp")
+
+
+def auto_settings(names: str | Collection[str]) -> list[str]:
+    """The settings named (a comma list or a collection) in AUTO_SETTINGS order; an unknown
+    name is one line naming it and what is allowed."""
+    given = names.split(",") if isinstance(names, str) else list(names)
+    given = [n.strip() for n in given if n.strip()]
+    for name in given:
+        if name not in AUTO_SETTINGS:
+            raise UserError(f"auto: unknown setting '{name}'; allowed: {', '.join(AUTO_SETTINGS)}")
+    return [name for name in AUTO_SETTINGS if name in given]
 
 
 def as_framework_would(
@@ -213,17 +220,11 @@ def as_framework_would(
     where that is full recompute of every layer and `fw` can recompute part of a stage, the
     fewest layers per stage that fit. `shape` holds the model and run figures the layout rules
     check (heads, kv_heads, layers, experts, num_gpus, gbs, seq)."""
-    unknown_names = sorted(auto - set(AUTO_SETTINGS))
-    if unknown_names:
-        raise UserError(
-            f"auto: unknown setting '{unknown_names[0]}'; allowed: {', '.join(AUTO_SETTINGS)}"
-        )
     unknown = pd.Series({d: d in auto for d in RESOLVABLE})
     choices = options(fw, pd.Series(run.model_dump()), unknown, spec.layers)
     best = _fastest_config(fw, spec, hardware, does, run, choices, limit_gb, shape)
     if best.recompute.value == "full" and "recompute" in auto and fw.allows("partial_recompute"):
-        per_stage = stage_layer_count(spec.layers, best.pp, best.vp)
-        partial = [{"recompute_layers": k} for k in range(best.vp, per_stage + 1, best.vp)]
+        partial = [{"recompute_layers": k} for k in partial_counts(best.model_dump(), spec)]
         best = _fastest_config(fw, spec, hardware, does, best, partial, limit_gb, shape)
     return best
 
@@ -246,7 +247,8 @@ def _fastest_config(
         if values["recompute"] != "full":
             values["recompute_layers"] = 0
         elif "recompute_layers" not in choice and not values["recompute_layers"]:
-            values["recompute_layers"] = stage_layer_count(spec.layers, values["pp"], values["vp"])
+            every = busiest_rank_layers(spec.layers, values["pp"], values["vp"])
+            values["recompute_layers"] = int(every)
         try:
             runs.append(ParallelConfig(**values))
         except ValidationError:
@@ -261,11 +263,8 @@ def _fastest_config(
     inputs = training_inputs(spec, hardware, table, run.gbs, run.seq_len, does)
     with np.errstate(all="ignore"):
         preds = evaluate(inputs)
-    peak = np.broadcast_to(np.asarray(preds["pred_peak_mem_gb"], float), runnable.shape)
-    speed = np.broadcast_to(np.asarray(preds["pred_tokens_per_s_per_gpu"], float), peak.shape)
-    fits = runnable & (peak <= limit_gb)
-    if fits.any():
-        return runs[int(np.argmax(np.where(fits, speed, -np.inf)))]
-    if runnable.any():
-        return runs[int(np.argmin(np.where(runnable, peak, np.inf)))]
-    return run  # nothing the framework can run: the checks below name why
+    if not runnable.any():
+        return run  # nothing the framework can run: the caller's checks name why
+    fits = runnable & (np.asarray(preds["pred_peak_mem_gb"], float) <= limit_gb)
+    best = _fastest_then_smallest(np.zeros(len(runs), int), fits, runnable, preds)
+    return runs[int(best[0])]

@@ -16,6 +16,7 @@ from scipy.stats import spearmanr
 
 from autoconfig.cost import evaluate
 from autoconfig.cost.flops import model_flops_per_token
+from autoconfig.cost.inputs import busiest_rank_layers
 from autoconfig.errors import UserError
 from autoconfig.frame import read_training_rows, with_predictions
 from autoconfig.resolve import read_resolved
@@ -336,7 +337,7 @@ def dominated_failures(runs: pd.DataFrame) -> pd.Series:
     num = {c: pd.to_numeric(runs[c], errors="coerce") for c in ("tp", "pp", "dp", "mbs", "zero")}
     layers = pd.to_numeric(runs["layers"], errors="coerce")
     micro = pd.to_numeric(runs["gbs"], errors="coerce") / (num["dp"] * num["mbs"])
-    per_stage = np.ceil(layers / num["pp"])
+    per_stage = busiest_rank_layers(layers, num["pp"], 1)  # vp > 1 rows are left out below
     table = pd.DataFrame(
         {
             **num,

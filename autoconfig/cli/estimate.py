@@ -17,6 +17,7 @@ from autoconfig.cli.options import COUNT, COUNT0, OUT_FILE, read_csv
 from autoconfig.errors import UserError
 from autoconfig.report import compare as compare_report
 from autoconfig.report import files, terminal
+from autoconfig.resolve import auto_settings
 from autoconfig.training import run as search_run
 from autoconfig.vocab import Framework, Precision, Recompute
 
@@ -88,9 +89,9 @@ def estimate(
     if profile is not None and not defaults.defaulted(ctx, "gpu"):
         raise UserError("profile: give --profile or --gpu, not both")
     gpu = profile or gpu
-    chosen_names = [name.strip() for name in (auto or "").split(",") if name.strip()]
+    chosen_names = auto_settings(auto or "")
     for name in chosen_names:  # a setting is given or left to the framework, not both
-        for flag in AUTO_FLAGS.get(name, ()):
+        for flag in AUTO_FLAGS[name]:
             if not defaults.defaulted(ctx, flag):
                 raise UserError(
                     f"auto: {name} is also given with --{flag.replace('_', '-')}; "

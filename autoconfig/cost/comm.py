@@ -107,14 +107,14 @@ def group_links(x: CostInputs) -> dict[str, tuple[Col, Link, Col]]:
     each GPU's own NIC (see expert_dispatch)."""
     out: dict[str, tuple[Col, Link, Col]] = {}
     expert_dp = np.where(x.experts > 0, x.tp * x.dp * x.cp / (x.ep * x.etp), 1.0)
-    for name, size, stride in (
-        ("tp", x.tp, 1.0),
-        ("cp", x.cp, x.tp),
-        ("dp", x.dp * x.cp, x.tp),
-        ("edp", expert_dp, x.ep * x.etp),
-        ("pp", x.pp, x.tp * x.cp * x.dp),
+    # (group, ranks, ranks one collective spans, spacing): a stage talks to its neighbour only
+    for name, size, reach, stride in (
+        ("tp", x.tp, x.tp, 1.0),
+        ("cp", x.cp, x.cp, x.tp),
+        ("dp", x.dp * x.cp, x.dp * x.cp, x.tp),
+        ("edp", expert_dp, expert_dp, x.ep * x.etp),
+        ("pp", x.pp, 2.0, x.tp * x.cp * x.dp),
     ):
-        reach = 2.0 if name == "pp" else size  # a stage talks to its neighbour only
         out[name] = (size, group_link(x, reach, stride), (reach * stride > x.gpus_per_node) * 1.0)
     network = x.ep * x.etp > x.gpus_per_node
     nvlink = x.intra_bytes_s * x.eff_intra

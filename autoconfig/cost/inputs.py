@@ -164,9 +164,15 @@ OPTIONAL_COLUMNS = {
 }
 
 
+def busiest_rank_layers(layers: Col, pp: Col, vp: Col) -> Col:
+    """Layers on the busiest pipeline rank: vp chunks of ceil(layers / (pp*vp)) each (uneven
+    splits put the extra layer on some ranks)."""
+    return np.ceil(layers / (pp * vp)) * vp
+
+
 def stage_layers(x: CostInputs) -> Col:
-    """Layers on the busiest pipeline rank: uneven splits put the extra layer on some ranks."""
-    return np.ceil(x.layers / (x.pp * x.vp)) * x.vp
+    """Layers on the busiest pipeline rank of each layout."""
+    return busiest_rank_layers(x.layers, x.pp, x.vp)
 
 
 def recomputed_layers(x: CostInputs, per_stage: Col) -> Col:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from autoconfig import frameworks, layout, resources
 from autoconfig.catalog import read_yaml
+from autoconfig.cost.inputs import busiest_rank_layers
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.specs import FrameworkSpec, ModelSpec, SearchSpace
 from autoconfig.vocab import Recompute
@@ -154,7 +155,7 @@ def enumerate_candidates(
     options = np.array(recompute_options, float).reshape(-1, 2)
     ridx = cols["recompute"].astype(int)
     cols["recompute"], frac = options[ridx, 0], options[ridx, 1]
-    per_stage = np.ceil(layers / cols["pp"])
+    per_stage = busiest_rank_layers(layers, cols["pp"], cols["vp"])
     cols["recompute_layers"] = np.where(
         cols["recompute"] == full, partial_layers(frac, per_stage, cols["vp"]), 0.0
     )
