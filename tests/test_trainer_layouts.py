@@ -96,6 +96,12 @@ SAVED_LAYOUTS = {
     "cp2 x tp2+sp": ("tiny-llama", {"cp": 2, "tp": 2, "sp": True}),
     "dp2 ep2": ("tiny-moe", {"dp": 2, "ep": 2}),
     "cp2 ep2": ("tiny-moe", {"cp": 2, "ep": 2}),
+    # whole experts under tp: each tp rank keeps the routed copies of its own tokens only
+    "MoE tp2+sp whole experts": ("tiny-moe", {"tp": 2, "sp": True, "etp": 1}),
+    "MoE tp2+sp whole experts x dp2 ep2": (
+        "tiny-moe",
+        {"tp": 2, "sp": True, "etp": 1, "dp": 2, "ep": 2},
+    ),
 }
 
 

@@ -195,7 +195,15 @@ def attention_ops(x: CostInputs) -> list[Op]:
 
 def mlp_ops(x: CostInputs) -> list[Op]:
     """Norm, router, dense MLP, routed experts and shared experts of an average layer. Expert
-    weights are split over etp ranks (expert tensor parallelism; the dense parts over tp)."""
+    weights are split over etp ranks (expert tensor parallelism; the dense parts over tp).
+
+    The tp ranks of a group route different tokens: each its own 1/tp of the micro-batch's
+    (Megatron-Core requires sequence parallelism for MoE with tp, and its dispatcher sends a
+    rank's own sequence shard; DeepSpeed-MoE drops the copies tp ranks share before its
+    all-to-all; the bundled trainer routes a rank's share). An expert-tensor-parallel group
+    gathers the tokens of its etp ranks, so a rank computes etp/tp of the micro-batch's routed
+    copies, each at 1/etp of an expert's width: routed work per rank is 1/tp of the
+    micro-batch's, whatever etp."""
     t, sp, h, m = x.tp, sp_div(x), x.hidden, x.mlp_share
     gathered_in = np.where(x.sp_saves_gathered > 0, 1.0, sp)
     gemm_in = x.gemm_bytes
@@ -204,10 +212,11 @@ def mlp_ops(x: CostInputs) -> list[Op]:
     moe = x.moe_share * m
     dense_w, routed_w, shared_w = mlp_widths(x)
     et = x.etp
+    routed_share = et / t  # of the micro-batch's routed token copies, those this rank holds
     # Latent MoE projects tokens to a narrower width before dispatch and back after.
     expert_h = np.where(x.moe_latent > 0, x.moe_latent, h)
     latent = np.where(x.moe_latent > 0, moe, 0.0)
-    act_in = (dense_w + shared_w) / t + routed_w / et  # MLP width one token passes on a rank
+    act_in = (dense_w + shared_w + routed_w) / t  # MLP width one token passes on a rank
     # SwiGLU keeps gate, up and silu(gate) in eager PyTorch; a fused kernel (Transformer
     # Engine, torch.compile) keeps only its input and recomputes silu in backward.
     swiglu = np.where(x.fused_kernels > 0, 4.0, 6.0)
@@ -226,7 +235,7 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         Op(
             "router",
             "gemm",
-            flops=moe * 2.0 * h * x.experts,
+            flops=moe * 2.0 * h * x.experts / t,  # a rank routes its 1/tp of the tokens
             # the token itself (the router GEMM's input, like a dense MLP's) and fp32 logits
             saved=moe * (gemm_in * h / gathered_in + 4.0 * x.experts),
             gemm_k=h,
@@ -239,7 +248,7 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         Op(
             "moe_permute",
             "memory",
-            moved=moe * 4.0 * (x.topk + 1.0) * expert_h,
+            moved=moe * 4.0 * (x.topk + 1.0) * expert_h * routed_share,
             kernels=np.where(moe > 0, 2.0, 0.0),
         ),
         Op(
@@ -275,8 +284,8 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         Op(
             "expert_up",
             "gemm",
-            flops=2.0 * expert_h * gate * routed_w / et,
-            saved=moe * gemm_in * expert_h * x.topk,  # each routed copy of the token
+            flops=2.0 * expert_h * gate * routed_w / t,
+            saved=moe * gemm_in * expert_h * x.topk * routed_share,  # each routed copy
             gemm_k=expert_h,
             gemm_n=gate * x.expert_ffn / et,
             weight_bytes=moe * 2.0 * expert_h * gate * all_routed / (et * x.ep),
@@ -286,8 +295,8 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         Op(
             "expert_down",
             "gemm",
-            flops=2.0 * routed_w * expert_h / et,
-            saved=gemm_in * routed_w / et,
+            flops=2.0 * routed_w * expert_h / t,
+            saved=gemm_in * routed_w / t,
             gemm_k=x.expert_ffn / et,
             gemm_n=expert_h,
             weight_bytes=moe * 2.0 * all_routed * expert_h / (et * x.ep),
@@ -297,9 +306,15 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         # The combine keeps each expert output for its gate's gradient (d gate = <d out,
         # expert out>), and the routing keeps per copy the int64 expert index, the int64
         # permutation sorting copies by expert and the fp32 gate weight; like the routed
-        # copies, neither is split by tp (measured against the bundled trainer, within 1.3%).
-        Op("expert_combine", "memory", saved=moe * x.topk * 2.0 * expert_h, kernels=0.0),
-        Op("routing", "memory", saved=moe * x.topk * (8.0 + 8.0 + 4.0), kernels=0.0),
+        # copies, for the copies this rank holds (measured against the bundled trainer, within
+        # 1.3%).
+        Op(
+            "expert_combine",
+            "memory",
+            saved=moe * x.topk * 2.0 * expert_h * routed_share,
+            kernels=0.0,
+        ),
+        Op("routing", "memory", saved=moe * x.topk * 20.0 * routed_share, kernels=0.0),
         Op(
             "shared_up",
             "gemm",

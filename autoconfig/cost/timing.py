@@ -204,9 +204,17 @@ def step_time(
     cp_b = (x.cp - 1.0) * np.maximum(2.0 * hop - 2.5 * attn_f / blocks, 0.0)
     cp_per_mb = np.where(x.cp > 1, per_stage * x.attn_share * (cp_f + cp_b), 0.0)
 
-    # Expert parallel: dispatch + combine in forward and backward for every MoE layer.
+    # Expert parallel: dispatch + combine in forward and backward for every MoE layer. A rank
+    # sends its own 1/tp of the tokens (see layer.mlp_ops); an expert-tensor-parallel group
+    # then all-gathers its etp ranks' routed copies (and reduce-scatters them in the combine),
+    # as Megatron-Core's all-to-all dispatcher does.
     expert_h = np.where(x.moe_latent > 0, x.moe_latent, x.hidden)
-    ep_one = comm.expert_dispatch(x, 2.0 * tokens * expert_h, x.topk, x.ep, x.etp)
+    shard_bytes = 2.0 * tokens / x.tp * expert_h
+    ep_a2a = comm.expert_dispatch(x, shard_bytes, x.topk, x.ep, x.etp)
+    etp_gather = comm.all_gather(
+        shard_bytes * x.topk * x.etp, x.etp, comm.group_link(x, x.etp, 1.0)
+    )
+    ep_one = ep_a2a + np.where(x.ep > 1, etp_gather, 0.0)
     moe_layers = per_stage * x.mlp_share * x.moe_share
     ep_per_mb = np.where((x.experts > 0) & (x.ep > 1), 4.0 * moe_layers * ep_one, 0.0)
 
