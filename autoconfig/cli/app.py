@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 import sys
 
-import click
 import typer
+import typer.core
 
 from autoconfig.errors import UserError
 
@@ -19,9 +19,10 @@ app = typer.Typer(
 
 
 @functools.cache
-def _command() -> click.Command:
-    """The click command typer builds from the app, once per process (building it inspects
-    every flag of every command: tens of milliseconds)."""
+def _command() -> typer.core.TyperGroup | typer.core.TyperCommand:
+    """The command typer builds from the app, once per process (building it inspects every
+    flag of every command: tens of milliseconds). Recent typer releases carry their own copy
+    of click, so the project names no click of its own."""
     return typer.main.get_command(app)
 
 
