@@ -30,7 +30,8 @@ INTRO = (
     " run in `../shared/reference/training_runs.csv` (Megatron-LM 2021 Table 1, BLOOM, MT-NLG,"
     " torchtitan, NeMo 24.07), `autoconfig search` ran with the same model, GPU count, GPU,"
     " sequence length and global batch. `rank` is where the published layout (matching every"
-    " published dimension; unknown ones free) lands among the feasible candidates;"
+    " published dimension; unknown ones free) lands among the feasible candidates of the run's"
+    " own framework;"
     " `top1_vs_pub_pct` is how much faster our top-1 is predicted to be than the published"
     " layout; `measured` is the published tokens/s/GPU."
 )
@@ -61,6 +62,7 @@ def check(row: pd.Series, measured: float) -> dict:
         gpus_per_node=int(row["gpus_per_node"] or 8),
         flash_attention=flash,
         space=SPACE,
+        framework=row["framework"],  # the layouts the run's own framework can run
     )
     ranked = result.table
     match = pd.Series(True, index=ranked.index)
