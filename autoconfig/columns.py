@@ -251,6 +251,9 @@ def serving_inputs(
         {
             **{dim.name: np.full(n, dim.plain(dim.default)) for dim in layout.DIMENSIONS},
             "tp": d["tp"].to_numpy(),
+            # Serving engines split every expert over the tp ranks (or, with expert
+            # parallelism, the experts themselves): a rank holds and computes 1/tp of them.
+            "etp": d["tp"].to_numpy(),
             "pp": d["pp"].to_numpy(),
             "mbs": d["batch_size"].to_numpy(),
             "sp": np.zeros(n, bool),

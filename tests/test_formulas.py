@@ -183,3 +183,26 @@ def test_expert_dispatch_sends_each_tp_rank_its_own_tokens() -> None:
         t = step_time(make_inputs("mixtral-8x7b", tp=tp, dp=dp, **common))
         per_mb.append(float(t.ep_comm) / (64 / (dp * 8)))
     assert per_mb[1] == pytest.approx(per_mb[0] / 2, rel=0.03)
+
+
+def test_expert_dispatch_replaces_the_moe_layers_tp_collective() -> None:
+    """With expert parallelism the dispatch (all-to-all, then the etp group's gather of routed
+    copies) is the MoE layer's communication: raising etp from 1 to tp adds that gather to the
+    EP time but no tensor-parallel collective pair for the experts (mixtral has no shared
+    experts, so its MoE layers keep none)."""
+    common = {"tp": 2, "dp": 4, "mbs": 1, "seq": 4096, "gbs": 64}
+    whole = step_time(make_inputs("mixtral-8x7b", ep=4, etp=1, **common))
+    split = step_time(make_inputs("mixtral-8x7b", ep=4, etp=2, **common))
+    assert float(split.tp_comm) == pytest.approx(float(whole.tp_comm), rel=1e-9)
+    assert float(split.ep_comm) > float(whole.ep_comm)
+
+
+def test_op_level_checkpointing_keeps_a_ranks_share_of_the_routed_outputs() -> None:
+    """torchtitan's op-level checkpointing keeps matmul outputs; a tp rank's routed expert
+    outputs are 1/tp of the micro-batch's whatever etp (as mlp_ops counts them)."""
+    from autoconfig.cost.layer import op_level_sac_bytes
+
+    common = {"tp": 2, "dp": 4, "ep": 4}
+    whole = op_level_sac_bytes(make_inputs("mixtral-8x7b", etp=1, **common))
+    split = op_level_sac_bytes(make_inputs("mixtral-8x7b", etp=2, **common))
+    assert float(whole) == pytest.approx(float(split), rel=1e-12)

@@ -17,6 +17,7 @@ from autoconfig.cost.inference import (
     serve_time,
     small_all_reduce,
 )
+from autoconfig.cost.serving_step import step_model
 from autoconfig.frame import model_columns_of
 from autoconfig.serve.frame import read_serving_rows
 from autoconfig.serve.predict import predict_frame
@@ -176,3 +177,18 @@ def test_rows_with_bad_values_keep_the_others_going() -> None:
     assert out.at[3, "error"].startswith("precision:")
     assert out.at[4, "error"].startswith("input_len:") and "4096" in out.at[4, "error"]
     assert out.loc[1:, "pred_latency_ms"].isna().all()
+
+
+def test_a_dense_model_has_no_expert_traffic_and_experts_split_over_tp() -> None:
+    """The expert GEMMs a dense model lacks move no activations (its prediction does not
+    depend on the unused expert width), and a MoE deployment holds 1/tp of the experts per
+    GPU, as serving engines split them (vLLM, TensorRT-LLM)."""
+    dense = serve_inputs(points("llama2-70b", tp=[2, 4]))
+    unused = dataclasses.replace(dense.x, expert_ffn=dense.x.expert_ffn * 3)
+    wider = dataclasses.replace(dense, x=unused)
+    assert serve_time(dense).tpot.tolist() == pytest.approx(serve_time(wider).tpot.tolist())
+    continuous = step_model(dense).gemm_act_s, step_model(wider).gemm_act_s
+    assert np.allclose(continuous[0], continuous[1], rtol=1e-12, atol=0.0)
+    moe = serve_memory(serve_inputs(points("mixtral-8x7b", tp=[1, 2, 4])))
+    assert moe.weights[1] == pytest.approx(moe.weights[0] / 2, rel=0.01)
+    assert moe.weights[2] == pytest.approx(moe.weights[0] / 4, rel=0.01)

@@ -236,8 +236,9 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             "router",
             "gemm",
             flops=moe * 2.0 * h * x.experts / t,  # a rank routes its 1/tp of the tokens
-            # the token itself (the router GEMM's input, like a dense MLP's) and fp32 logits
-            saved=moe * (gemm_in * h / gathered_in + 4.0 * x.experts),
+            # the token itself (the router GEMM's input, like a dense MLP's) and the fp32
+            # logits of the tokens this rank routes
+            saved=moe * (gemm_in * h / gathered_in + 4.0 * x.experts / t),
             gemm_k=h,
             gemm_n=x.experts,
             weight_bytes=moe * 2.0 * h * x.experts,
@@ -254,8 +255,9 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         Op(
             "latent_proj",
             "gemm",
-            flops=latent * 4.0 * h * expert_h,
-            saved=latent * gemm_in * (h + expert_h),
+            # down to the latent width before dispatch and back after, on this rank's tokens
+            flops=latent * 4.0 * h * expert_h / t,
+            saved=latent * gemm_in * (h + expert_h) / t,
             gemm_k=h,
             gemm_n=expert_h,
             weight_bytes=latent * 4.0 * h * expert_h,
@@ -419,7 +421,7 @@ def op_level_sac_bytes(x: CostInputs) -> Col:
     dense_w, routed_w, shared_w = mlp_widths(x)
     matmul_outputs = 2.0 * (
         x.attn_share * ((qk + kv_out) / t + x.hidden / sp)
-        + gate * ((dense_w + shared_w) / t + routed_w / x.etp)
+        + gate * (dense_w + shared_w + routed_w) / t  # routed: 1/tp whatever etp (mlp_ops)
         + x.mlp_share * x.hidden / sp
     )
     attention_output = x.attn_share * (2.0 * v / t + x.flash * 4.0 * x.heads / t)

@@ -123,9 +123,12 @@ class StepTime:
 
 def tp_blocks(x: CostInputs) -> Col:
     """Blocks of an average layer whose matmuls are split over TP, each with one collective
-    pair in forward: attention, Mamba, dense MLPs, and MoE only with expert TP (with expert
-    parallelism folded over the TP ranks, dispatch replaces the collective)."""
-    moe_tp = np.where(x.etp > 1, 1.0, 0.0)
+    pair in forward: attention, Mamba, dense MLPs, and MoE layers with shared experts (a
+    tensor-parallel MLP beside the routed ones) or with expert TP but no expert parallelism
+    (tokens gathered over tp, as Megatron-Core's all-gather dispatcher does). With expert
+    parallelism the dispatch replaces the collective: the all-to-all and the etp group's
+    gather of routed copies are charged in `step_time`."""
+    moe_tp = np.where(((x.etp > 1) & (x.ep <= 1)) | (x.shared_ffn > 0), 1.0, 0.0)
     mlp = x.mlp_share * ((1.0 - x.moe_share) + x.moe_share * moe_tp)
     return np.where(x.tp > 1, x.attn_share + x.mamba_share + mlp, 0.0)
 
