@@ -234,10 +234,11 @@ def serving_inputs(
     flash_attention: Values = 1.0,
 ) -> ServeInputs:
     """Serving columns for `deployments`: tp, pp, batch_size, input_len, output_len, replicas
-    (numbers), precision (a vocab.ServePrecision value: the weights), kv_precision (resolved,
-    not auto) and optionally the continuous-batching columns of CONTINUOUS_DEFAULTS. A replica
-    is the training layout's single data-parallel copy at the input length, with the batch as
-    one micro-batch and nothing sharded beyond tp and pp."""
+    (numbers; etp optional, tp when absent), precision (a vocab.ServePrecision value: the
+    weights), kv_precision (resolved, not auto) and optionally the continuous-batching columns
+    of CONTINUOUS_DEFAULTS. A replica is the training layout's single data-parallel copy at the
+    input length, with the batch as one micro-batch and nothing sharded beyond tp (experts by
+    etp) and pp."""
     d = deployments
     compute = [serving_compute(p) for p in d["precision"].astype(str)]
     n = len(d)
@@ -252,8 +253,9 @@ def serving_inputs(
             **{dim.name: np.full(n, dim.plain(dim.default)) for dim in layout.DIMENSIONS},
             "tp": d["tp"].to_numpy(),
             # Serving engines split every expert over the tp ranks (or, with expert
-            # parallelism, the experts themselves): a rank holds and computes 1/tp of them.
-            "etp": d["tp"].to_numpy(),
+            # parallelism, the experts themselves): a rank holds and computes 1/tp of them,
+            # unless the deployment states its own etp (the bundled generator's whole experts).
+            "etp": (d["etp"] if "etp" in d else d["tp"]).to_numpy(),
             "pp": d["pp"].to_numpy(),
             "mbs": d["batch_size"].to_numpy(),
             "sp": np.zeros(n, bool),

@@ -206,3 +206,19 @@ def test_op_level_checkpointing_keeps_a_ranks_share_of_the_routed_outputs() -> N
     whole = op_level_sac_bytes(make_inputs("mixtral-8x7b", etp=1, **common))
     split = op_level_sac_bytes(make_inputs("mixtral-8x7b", etp=2, **common))
     assert float(whole) == pytest.approx(float(split), rel=1e-12)
+
+
+def test_a_rank_routes_the_tokens_it_holds() -> None:
+    """With sequence parallelism a tp rank holds and routes 1/tp of the tokens; without it
+    (serving) every rank sees every token, so its router and latent projection run on all of
+    them while the routed expert work stays 1/tp."""
+    from autoconfig.cost.layer import mlp_ops
+
+    def per_op(model: str, sp: int) -> dict[str, float]:
+        x = make_inputs(model, tp=4, dp=2, ep=1, etp=4, sp=sp)
+        return {op.name: float(np.asarray(op.flops)) for op in mlp_ops(x)}
+
+    for model, op in (("mixtral-8x7b", "router"), ("nemotron-3-super", "latent_proj")):
+        held, every = per_op(model, 1), per_op(model, 0)
+        assert every[op] == pytest.approx(4 * held[op], rel=1e-12) and held[op] > 0
+        assert every["expert_up"] == pytest.approx(held["expert_up"], rel=1e-12)

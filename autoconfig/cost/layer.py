@@ -235,10 +235,12 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         Op(
             "router",
             "gemm",
-            flops=moe * 2.0 * h * x.experts / t,  # a rank routes its 1/tp of the tokens
+            # a rank routes the tokens it holds: its 1/tp with sequence parallelism (training),
+            # all of them without (serving, where every tp rank sees every token)
+            flops=moe * 2.0 * h * x.experts / sp,
             # the token itself (the router GEMM's input, like a dense MLP's) and the fp32
             # logits of the tokens this rank routes
-            saved=moe * (gemm_in * h / gathered_in + 4.0 * x.experts / t),
+            saved=moe * (gemm_in * h / gathered_in + 4.0 * x.experts / sp),
             gemm_k=h,
             gemm_n=x.experts,
             weight_bytes=moe * 2.0 * h * x.experts,
@@ -255,9 +257,10 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         Op(
             "latent_proj",
             "gemm",
-            # down to the latent width before dispatch and back after, on this rank's tokens
-            flops=latent * 4.0 * h * expert_h / t,
-            saved=latent * gemm_in * (h + expert_h) / t,
+            # down to the latent width before dispatch and back after, on the tokens this
+            # rank holds (whole weights on every rank)
+            flops=latent * 4.0 * h * expert_h / sp,
+            saved=latent * gemm_in * (h + expert_h) / sp,
             gemm_k=h,
             gemm_n=expert_h,
             weight_bytes=latent * 4.0 * h * expert_h,

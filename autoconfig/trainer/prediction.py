@@ -44,6 +44,7 @@ def predicted_serving(cfg: TrainConfig, profile: str | None) -> dict:
     deployment = pd.DataFrame(
         {
             "tp": [cfg.tp],
+            "etp": [cfg.etp],
             "pp": [cfg.pp],
             "batch_size": [cfg.mbs],
             "input_len": [cfg.input_len],
