@@ -9,6 +9,7 @@ from conftest import make_inputs
 from autoconfig import catalog
 from autoconfig.cost import comm, evaluate
 from autoconfig.cost.flops import model_flops_per_token
+from autoconfig.cost.layer import mlp_ops, op_level_sac_bytes
 from autoconfig.cost.memory import in_flight, layer_activation_bytes, state_bytes
 from autoconfig.cost.timing import step_time
 
@@ -157,8 +158,6 @@ def test_op_level_checkpointing_keeps_input_attention_and_half_the_matmuls() -> 
 
 
 def _routed_flops(x) -> float:
-    from autoconfig.cost.layer import mlp_ops
-
     return float(sum(np.asarray(op.flops) for op in mlp_ops(x) if op.routed))
 
 
@@ -200,8 +199,6 @@ def test_expert_dispatch_replaces_the_moe_layers_tp_collective() -> None:
 def test_op_level_checkpointing_keeps_a_ranks_share_of_the_routed_outputs() -> None:
     """torchtitan's op-level checkpointing keeps matmul outputs; a tp rank's routed expert
     outputs are 1/tp of the micro-batch's whatever etp (as mlp_ops counts them)."""
-    from autoconfig.cost.layer import op_level_sac_bytes
-
     common = {"tp": 2, "dp": 4, "ep": 4}
     whole = op_level_sac_bytes(make_inputs("mixtral-8x7b", etp=1, **common))
     split = op_level_sac_bytes(make_inputs("mixtral-8x7b", etp=2, **common))
@@ -212,7 +209,6 @@ def test_a_rank_routes_the_tokens_it_holds() -> None:
     """With sequence parallelism a tp rank holds and routes 1/tp of the tokens; without it
     (serving) every rank sees every token, so its router and latent projection run on all of
     them while the routed expert work stays 1/tp."""
-    from autoconfig.cost.layer import mlp_ops
 
     def per_op(model: str, sp: int) -> dict[str, float]:
         x = make_inputs(model, tp=4, dp=2, ep=1, etp=4, sp=sp)

@@ -79,8 +79,7 @@ def _gemm(s: ServeInputs, op: Op, tokens: Col, weight_share: Col | float = 1.0) 
     # op.weight_bytes counts 16-bit weights; weight-only quantisation reads fewer.
     weights = op.weight_bytes * (s.weight_bytes / 2.0) * weight_share
     # A GEMM the model does not have (a dense model's expert GEMMs) moves nothing.
-    present = np.asarray(op.flops) > 0
-    traffic = act * tokens * (op.gemm_k + op.gemm_n) * present + weights
+    traffic = act * tokens * (op.gemm_k + op.gemm_n) * op.present + weights
     compute = op.flops * tokens / (x.peak_flops * s.eff_gemm)
     return np.maximum(compute, traffic / (x.hbm_bytes_s * s.eff_memory))
 

@@ -52,6 +52,12 @@ class Op:
     routed: bool = False  # routed-expert weights: a step reads only the experts it routes to
     params: Col | float = ZERO  # parameters outside GEMM weights on one rank (norm scales, ...)
 
+    @property
+    def present(self) -> np.ndarray:
+        """Per candidate, whether the layer has this op's computation (a dense model's expert
+        GEMMs, say, have none: they keep their shapes but do no FLOPs)."""
+        return np.asarray(self.flops) > 0
+
 
 def sp_div(x: CostInputs) -> Col:
     """Divisor for norm/dropout regions: tp with sequence parallelism, 1 without."""
