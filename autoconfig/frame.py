@@ -190,6 +190,16 @@ def fill_from_catalog(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def resolved_mlp(df: pd.DataFrame, num: pd.DataFrame) -> pd.Series:
+    """The `mlp` column with blanks resolved: SwiGLU when the shape says so (GQA, or an FFN
+    ratio other than GPT's 4), else GELU."""
+    hidden, heads, ffn = num["hidden"], num["heads"], num["ffn_hidden"]
+    kv = num["kv_heads"].fillna(heads)
+    mlp = text_column(df, "mlp").replace({"squared-relu": "squared_relu", "relu2": "squared_relu"})
+    llama_shape = (kv < heads) | (ffn.notna() & (ffn != 4 * hidden))
+    return mlp.where(mlp != "", np.where(llama_shape, Mlp.SWIGLU.value, Mlp.GELU.value))
+
+
 def read_models(
     df: pd.DataFrame, num: pd.DataFrame, seq: pd.Series, err: Errors
 ) -> tuple[list[ModelSpec], pd.DataFrame]:
@@ -198,11 +208,8 @@ def read_models(
     hidden, heads = num["hidden"], num["heads"]
     kv = num["kv_heads"].fillna(heads)
     ffn = num["ffn_hidden"]
-    # A blank MLP is SwiGLU when the shape says so (GQA, or an FFN ratio other than GPT's 4),
-    # else GELU; blank norm, positions and tying follow the MLP family.
-    mlp = text_column(df, "mlp").replace({"squared-relu": "squared_relu", "relu2": "squared_relu"})
-    llama_shape = (kv < heads) | (ffn.notna() & (ffn != 4 * hidden))
-    mlp = mlp.where(mlp != "", np.where(llama_shape, Mlp.SWIGLU.value, Mlp.GELU.value))
+    # Blank norm, positions and tying follow the MLP family.
+    mlp = resolved_mlp(df, num)
     err.add(~mlp.isin(Mlp.values()), f"mlp: must be {Mlp.allowed()}")
     swiglu = mlp == Mlp.SWIGLU.value
     norm = text_column(df, "norm")

@@ -18,7 +18,7 @@ from autoconfig.cost import evaluate
 from autoconfig.cost.flops import model_flops_per_token
 from autoconfig.cost.inputs import busiest_rank_layers
 from autoconfig.errors import UserError
-from autoconfig.frame import read_training_rows, with_predictions
+from autoconfig.frame import fill_from_catalog, read_training_rows, resolved_mlp, with_predictions
 from autoconfig.resolve import read_resolved
 
 # Runs from before FlashAttention (Dao et al., May 2022) used Megatron's unfused softmax
@@ -147,14 +147,20 @@ GUESS_PEAK_TFLOPS = {
 def constant_guess(runs: pd.DataFrame) -> pd.Series:
     """tokens/s/GPU = 0.40 * peak / (6 N + 12 L h s), N every weight (embeddings included;
     GQA attention 2h^2 + 2h^2 kv/heads; MLP 3 h ffn for SwiGLU, else 2 h ffn; MoE counted as
-    dense with ffn_hidden; a blank ffn_hidden is 4h). NaN where a figure it needs is blank."""
+    dense with ffn_hidden; a blank ffn_hidden is 4h). The architecture is read as the model
+    reads it: blank cells of a row naming a catalog model take the catalog's values, and a
+    blank MLP is SwiGLU when the shape says so (a Llama row with its MLP cell blank is still
+    SwiGLU). NaN where a figure it needs is still blank."""
+    runs = fill_from_catalog(runs)
     num = lambda c: pd.to_numeric(runs.get(c, pd.Series(index=runs.index)), errors="coerce")  # noqa: E731
     h, layers, heads = num("hidden"), num("layers"), num("heads")
     kv = num("kv_heads").fillna(heads)
     vocab, seq = num("vocab"), num("seq_len")
     ffn = num("ffn_hidden").fillna(4.0 * h)  # a blank FFN is GPT's 4h
-    mlp = runs.get("mlp", pd.Series("", index=runs.index)).astype(str).str.lower()
-    mats = np.where(mlp == "swiglu", 3.0, 2.0)
+    shape = pd.DataFrame(
+        {"hidden": h, "heads": heads, "kv_heads": kv, "ffn_hidden": num("ffn_hidden")}
+    )
+    mats = np.where(resolved_mlp(runs, shape) == "swiglu", 3.0, 2.0)
     tied = runs.get("tied_embeddings", pd.Series("", index=runs.index)).astype(str) == "y"
     attention = 2.0 * h**2 + 2.0 * h**2 * kv / heads
     params = layers * (attention + mats * h * ffn) + vocab * h * np.where(tied, 1.0, 2.0)

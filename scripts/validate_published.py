@@ -77,7 +77,9 @@ def main() -> None:
                 "## Every source group once: the model against a constant-MFU guess",
                 "",
                 "The guess predicts every row at 40% of the GPU's dense peak (1.5x for fp8): "
-                "tokens/s/GPU = 0.4 peak / (6 N + 12 L h s). Both columns are median absolute "
+                "tokens/s/GPU = 0.4 peak / (6 N + 12 L h s), N counted on the architecture "
+                "the model reads (a catalog-named row's blank cells filled from the catalog, a "
+                "blank MLP SwiGLU when the shape says so). Both columns are median absolute "
                 "percentage errors of tokens/s/GPU on the rows that ran (status ok) with a "
                 "measured throughput; the guess is scored on the rows it can predict. The "
                 "Ultra-Scale Playbook sweep, whose own repeats disagree by more than 1.5x (see "

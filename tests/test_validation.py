@@ -1,12 +1,18 @@
-"""The validation helpers: the model-free spread of repeated measurements of one layout and the
-failed runs that a run which ran dominates in memory."""
+"""The validation helpers: the model-free spread of repeated measurements of one layout, the
+failed runs that a run which ran dominates in memory, and the constant-MFU guess."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from autoconfig.validation import LAYOUT, SAME_MEMORY_SETTINGS, dominated_failures, repeat_spread
+from autoconfig.validation import (
+    LAYOUT,
+    SAME_MEMORY_SETTINGS,
+    constant_guess,
+    dominated_failures,
+    repeat_spread,
+)
 
 
 def _runs(rows: list[dict[str, object]]) -> pd.DataFrame:
@@ -90,3 +96,37 @@ def test_interleaved_and_moe_failures_are_never_counted_dominated() -> None:
     assert dominated_failures(_layouts([ran, failed])).tolist() == [False, True]
     for other in ({"vp": 2}, {"num_experts": 8}):
         assert dominated_failures(_layouts([ran | other, failed | other])).tolist() == [False] * 2
+
+
+def _guess_row(**cells: object) -> dict[str, object]:
+    shape = {"layers": "32", "hidden": "4096", "heads": "32", "kv_heads": "8"}
+    return (
+        {"model": "row", "ffn_hidden": "14336", "vocab": "128256", "seq_len": "8192"}
+        | {"gpu": "h100-sxm-80gb", "precision": "bf16", "mlp": "", "tied_embeddings": ""}
+        | shape
+        | cells
+    )
+
+
+def test_guess_counts_a_blank_llama_mlp_as_swiglu_and_fills_catalog_cells() -> None:
+    """The guess reads a row's architecture as the model does: a Llama-shaped row whose MLP
+    cell is blank is SwiGLU (3 h ffn, not 2), and a catalog-named row's blank cells are filled."""
+    runs = pd.DataFrame(
+        [
+            _guess_row(mlp="swiglu"),
+            _guess_row(),
+            _guess_row(mlp="gelu"),
+            _guess_row(model="llama3-8b", vocab=""),
+            _guess_row(model="not-in-catalog", vocab=""),
+        ]
+    )
+    guess = constant_guess(runs)
+    h, ffn, layers = 4096, 14336, 32
+    attention = 2 * h * h + 2 * h * h * 8 / 32
+    embed = 2 * 128256 * h
+    swiglu_flops = 6 * (layers * (attention + 3 * h * ffn) + embed) + 12 * layers * h * 8192
+    assert guess[0] == pytest.approx(0.4 * 989e12 / swiglu_flops)
+    assert guess[1] == pytest.approx(guess[0])
+    assert guess[2] > 1.1 * guess[0]  # a stated GELU MLP has two matrices
+    assert guess[3] == pytest.approx(guess[0])  # llama3-8b's vocab comes from the catalog
+    assert pd.isna(guess[4])
