@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -18,17 +19,18 @@ from autoconfig.cost.inputs import busiest_rank_layers
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.frame import with_predictions
 from autoconfig.resolve import RESOLVED, as_framework_would, auto_settings, read_resolved
-from autoconfig.serve import continuous
-from autoconfig.serve import search as serve_search
-from autoconfig.serve.predict import predict_frame
-from autoconfig.serve.request import Budget, Request
-from autoconfig.serve.result import ServingResult
-from autoconfig.serve.workload import DEFAULT_REQUESTS, Lengths, Workload, chat, read_workload
 from autoconfig.specs import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
 from autoconfig.training import batch
 from autoconfig.training import run as search_run
 from autoconfig.training.result import SearchResult
 from autoconfig.vocab import Batching
+
+if TYPE_CHECKING:
+    from autoconfig.serve.result import ServingResult
+    from autoconfig.serve.workload import Workload
+
+# The serving functions below import the serving stack when called: a training search or
+# estimate never loads it (start-up is most of a command line search's wall time).
 
 
 def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
@@ -267,6 +269,8 @@ def infer_frame(points: pd.DataFrame) -> pd.DataFrame:
     """Serving predictions for every row of `points` (inference_runs.csv columns): the input
     columns, then pred_ttft_ms, pred_tpot_ms, pred_latency_ms, pred_output_tokens_per_s_per_gpu,
     pred_fits, the breakdowns, and `error` ('' or the row's reason)."""
+    from autoconfig.serve.predict import predict_frame
+
     return predict_frame(points)
 
 
@@ -314,6 +318,11 @@ def infer(
     `result.table` holds every candidate with `meets`, `pruned` (why not) and `rank`. Raises
     UserError with one line for bad input, including a model that fits on no split.
     """
+    from autoconfig.serve import continuous
+    from autoconfig.serve import search as serve_search
+    from autoconfig.serve.request import Budget, Request
+    from autoconfig.serve.workload import Lengths
+
     budget = Budget(max_ttft_ms, max_tpot_ms, max_latency_ms, min_throughput)
     kind = Batching.parse(batching, "batching")
     weights = (precision,) if isinstance(precision, str) else precision
@@ -380,6 +389,8 @@ def make_workload(
 ) -> Workload:
     """The workload asked for: a Workload, a CSV of lengths (and arrival times), the lengths
     given, or the typical chat turn."""
+    from autoconfig.serve.workload import DEFAULT_REQUESTS, Lengths, Workload, chat, read_workload
+
     count = requests or DEFAULT_REQUESTS
     if requests is not None and requests < 20:
         raise UserError(f"requests: simulate at least 20 requests (got {requests})")

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, fields
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from autoconfig import catalog, layout
-from autoconfig.cost.inference import ServeInputs
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.specs import ClusterSpec, GPUSpec, InferenceEfficiency, ModelSpec
 from autoconfig.vocab import KvPrecision, Position, Precision, ServePrecision
+
+if TYPE_CHECKING:
+    from autoconfig.cost.inference import ServeInputs
 
 T = TypeVar("T")
 Values = float | np.ndarray
@@ -239,6 +241,9 @@ def serving_inputs(
     of CONTINUOUS_DEFAULTS. A replica is the training layout's single data-parallel copy at the
     input length, with the batch as one micro-batch and nothing sharded beyond tp (experts by
     etp) and pp."""
+    # Imported here: a training search never builds serving inputs and need not load them.
+    from autoconfig.cost.inference import ServeInputs
+
     d = deployments
     compute = [serving_compute(p) for p in d["precision"].astype(str)]
     n = len(d)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import typer
 from conftest import assert_user_error
 from conftest import run_cli as run
 
 from autoconfig import validation
+from autoconfig.cli.app import COMMAND_MODULES, register
 
 ESTIMATE = [
     "estimate",
@@ -142,3 +146,26 @@ def test_malformed_csv_is_a_user_error(tmp_path: Path) -> None:
     src.write_text("a,b\n1,2\n")
     assert_user_error(run("estimate", "--runs", str(src)), "runs", "column")
     assert_user_error(run("estimate", "--runs", str(tmp_path / "none.csv")), "no such file")
+
+
+def test_every_command_is_listed_with_the_module_that_registers_it() -> None:
+    """A command missing from COMMAND_MODULES would still run (an unlisted name imports every
+    module), but would cost each run of it the start-up the list exists to save."""
+    group = typer.main.get_command(register())
+    assert set(group.commands) == set(COMMAND_MODULES)
+    for name, command in group.commands.items():
+        assert command.callback.__module__ == f"autoconfig.cli.{COMMAND_MODULES[name]}"
+
+
+def test_a_run_imports_only_the_command_it_names() -> None:
+    code = (
+        "import sys; from autoconfig.cli.app import execute; "
+        "code = execute(['search', '--model', 'gpt3-175b', '--gpus', '64', '--top', '1']); "
+        "print(code, sorted(m for m in sys.modules if m.startswith('autoconfig.cli.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("0 "), done.stdout + done.stderr
+    assert "autoconfig.cli.search" in last
+    for other in ("infer", "estimate", "plan", "train", "catalog"):
+        assert f"autoconfig.cli.{other}'" not in last

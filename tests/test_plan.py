@@ -11,7 +11,7 @@ import typer
 from autoconfig import api, layout
 from autoconfig import compare as judge
 from autoconfig import plan as planning
-from autoconfig.cli import app, defaults
+from autoconfig.cli import defaults, register
 from autoconfig.errors import UserError
 from autoconfig.training import batch
 from tests.conftest import assert_user_error, run_cli
@@ -119,7 +119,7 @@ OWN = {("train", "gpu"), ("train", "gbs"), ("infer", "precision")}
 
 
 def test_every_command_shows_the_same_defaults() -> None:
-    group = typer.main.get_command(app)
+    group = typer.main.get_command(register())
     shown: dict[str, dict[str, str]] = {}
     for name, command in group.commands.items():
         ctx = command.make_context(name, ["--help"], resilient_parsing=True)

@@ -1,10 +1,10 @@
 """The command line: parse flags, call the layer that computes, render and write. One module
-per command; importing them registers them on the app."""
+per command; importing one registers its commands on the app, and a run imports only the one it
+names (`register`)."""
 
 from __future__ import annotations
 
-from autoconfig.cli import catalog, estimate, infer, plan, search, train  # noqa: F401  (registers)
-from autoconfig.cli.app import app, run
+from autoconfig.cli.app import app, register, run
 
 
 def main() -> None:
@@ -12,4 +12,4 @@ def main() -> None:
     run()
 
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "register"]

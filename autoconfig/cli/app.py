@@ -4,6 +4,7 @@ is one line on stderr and exit code 2, never a traceback."""
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 
 import typer
@@ -18,11 +19,42 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _commands() -> None:
+    """A callback makes the app a group of commands even when a run registers only one."""
+
+
+# The module of autoconfig.cli that registers each command. A run imports only the module of the
+# command it names, since Python's start-up is most of a search's wall time; help, or a name not
+# listed here, imports them all.
+COMMAND_MODULES = {
+    "models": "catalog",
+    "gpus": "catalog",
+    "calibrate": "catalog",
+    "estimate": "estimate",
+    "infer": "infer",
+    "plan": "plan",
+    "search": "search",
+    "train": "train",
+}
+
+
+def register(args: list[str] | None = None) -> typer.Typer:
+    """Registers on the app the command that `args` names (every command when `args` is None
+    or names none of them) and returns the app."""
+    named = next((a for a in args or [] if not a.startswith("-")), None)
+    wanted = {COMMAND_MODULES[named]} if named in COMMAND_MODULES else set(COMMAND_MODULES.values())
+    for module in sorted(wanted):
+        importlib.import_module(f"autoconfig.cli.{module}")
+    return app
+
+
 @functools.cache
-def _command() -> typer.core.TyperGroup | typer.core.TyperCommand:
-    """The command typer builds from the app, once per process (building it inspects every
-    flag of every command: tens of milliseconds). Recent typer releases carry their own copy
-    of click, so the project names no click of its own."""
+def _command(registered: int) -> typer.core.TyperGroup | typer.core.TyperCommand:
+    """The command typer builds from the app with `registered` commands, once per process and
+    set of commands (building it inspects every flag of every command: tens of milliseconds).
+    Recent typer releases carry their own copy of click, so the project names no click of its
+    own."""
     return typer.main.get_command(app)
 
 
@@ -34,8 +66,11 @@ def run() -> None:
 def execute(args: list[str] | None = None) -> int:
     """Runs the app (on `args`, or the command line's) and returns the exit code: bad input is
     one line on stderr and code 2, Ctrl-C code 130, never a traceback."""
+    args = sys.argv[1:] if args is None else args
+    register(args)
     try:
-        code = _command().main(args=args, prog_name="autoconfig", standalone_mode=False)
+        command = _command(len(app.registered_commands))
+        code = command.main(args=args, prog_name="autoconfig", standalone_mode=False)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.subplots import make_subplots
 from rich.console import Group
 from rich.table import Table
 
@@ -93,6 +92,8 @@ def plan_view(plan: Plan) -> Group:
 
 def write_html(plan: Plan, out: Path) -> Path:
     """days and cost against GPU count, one line per GPU type, the limits dashed."""
+    from plotly.subplots import make_subplots  # here: importing it costs ~30 ms
+
     priced = any(p.cost_usd is not None for p in plan.points)
     fig = make_subplots(
         rows=1,

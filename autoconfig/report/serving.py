@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.subplots import make_subplots
 from rich.console import Group
 from rich.table import Table
 
@@ -183,6 +182,8 @@ def terminal_view(result: ServingResult, top: int) -> Group:
 
 def _pareto_figure(result: ServingResult) -> go.Figure:
     """Latency metrics against throughput per GPU, the front highlighted, budgets as lines."""
+    from plotly.subplots import make_subplots  # here: importing it costs ~30 ms
+
     a = result.context()
     out = result.table
     fitting = out[out["pred_fits"].astype(bool)]
@@ -249,6 +250,8 @@ def _pareto_figure(result: ServingResult) -> go.Figure:
 def _goodput_figure(result: ServingResult) -> go.Figure:
     """Simulated candidates: goodput per GPU against their percentile TTFT and TPOT at the
     operating rate, the limits as dashed lines."""
+    from plotly.subplots import make_subplots  # here: importing it costs ~30 ms
+
     a = result.context()
     p = f"p{a['percentile']:g}"
     sim = result.table[result.table["simulated"].astype(bool)]
