@@ -262,3 +262,36 @@ def test_a_refused_row_resolves_nothing() -> None:
     assert out["error"].tolist()[0] == "" and "pp" in out["error"].tolist()[1]
     assert out["resolved_zero"].notna().tolist() == [True, False]
     assert out["resolved_recompute"].notna().tolist() == [True, False]
+
+
+def test_a_failed_nanotron_row_keeps_nanotrons_default_tensor_parallel_mode() -> None:
+    """A failed run takes its framework's defaults for what it leaves unknown; nanotron's tensor
+    parallelism defaults to all-reduce mode (no sequence parallelism), whose replicated norm
+    and GEMM inputs need more memory than the sequence-parallel layout a run that ran may pick."""
+    row = {
+        "model": "llama3-8b",
+        "layers": "32",
+        "hidden": "4096",
+        "heads": "32",
+        "kv_heads": "8",
+        "ffn_hidden": "14336",
+        "vocab": "128256",
+        "gpu": "h100-sxm-80gb",
+        "num_gpus": "64",
+        "framework": "nanotron",
+        "tp": "8",
+        "pp": "1",
+        "dp": "8",
+        "sp": "unknown",
+        "mbs": "4",
+        "gbs": "256",
+        "seq_len": "4096",
+        "recompute": "unknown",
+        "zero": "1",
+        "precision": "bf16",
+    }
+    failed, ran = api.estimate_frame(
+        pd.DataFrame([row | {"status": "crash_or_oom"}, row | {"status": "ok"}])
+    ).itertuples()
+    assert not failed.resolved_sp and ran.resolved_sp
+    assert failed.pred_peak_mem_gb > ran.pred_peak_mem_gb
