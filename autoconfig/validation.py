@@ -228,6 +228,49 @@ def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def twin_ranking(out: pd.DataFrame, group: str = "Ultra-Scale Playbook") -> pd.DataFrame:
+    """How well a layout's ZeRO-0 run ranks its ZeRO-1 twin within each (model, GPU count)
+    group of a sweep, without any model: ZeRO-1 moves the same gradient bytes (see
+    `repeat_spread`), so a model that predicted both runs of a layout exactly alike could rank
+    the layouts no better than one twin ranks the other. Per group, over the layouts measured
+    with both stages (median of repeats): Spearman between the twins and the loss from running
+    the layout whose twin measured best (the mean of both directions), beside the model's
+    Spearman and loss on the same layouts (the mean against either twin)."""
+    keep = (out["source_group"] == group) & (out["status"] == "ok") & out["measured_tps"].notna()
+    sel = out.loc[keep & (out["error"] == "")].assign(zero=lambda f: f["zero"].astype(str))
+    by = [c for c in LAYOUT if c != "source_group"]
+    measured = sel.groupby([*by, "zero"], dropna=False)["measured_tps"].median().unstack("zero")
+    if not {"0", "1"} <= set(measured.columns):
+        return pd.DataFrame()
+    twins = measured[["0", "1"]].dropna()
+    pred = sel.groupby(by, dropna=False)["pred_tokens_per_s_per_gpu"].median().astype(float)
+    twins = twins.assign(pred=pred.reindex(twins.index))
+
+    def loss(pick_by: pd.Series, run: pd.Series) -> float:
+        return 100 * (1 - run[pick_by.idxmax()] / run.max())
+
+    rows = []
+    for (model, gpus), g in twins.groupby(level=["model", "num_gpus"]):
+        if len(g) < 3:
+            continue
+        zero0, zero1, model_pred = g["0"], g["1"], g["pred"]
+        rows.append(
+            {
+                "model": model,
+                "num_gpus": int(gpus),
+                "layouts": len(g),
+                "twin_spearman": spearmanr(zero0, zero1)[0],
+                "twin_loss_%": (loss(zero0, zero1) + loss(zero1, zero0)) / 2,
+                "model_spearman": (
+                    spearmanr(model_pred, zero0)[0] + spearmanr(model_pred, zero1)[0]
+                )
+                / 2,
+                "model_loss_%": (loss(model_pred, zero0) + loss(model_pred, zero1)) / 2,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 # What fixes a training run's speed in the reference table, short of the ZeRO stage.
 LAYOUT = [
     "source_group",

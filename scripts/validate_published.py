@@ -35,6 +35,8 @@ def main() -> None:
     head = v.headline(out, groups)
     throughput = v.throughput_table(out)
     ranking = v.playbook_ranking(out)
+    twins = v.twin_ranking(out)
+    twin_medians = twins.median(numeric_only=True)
     fits = v.fits_table(out)
     mem = v.memory_table(out)
     errors = out.loc[out["error"] != "", "error"].value_counts()
@@ -48,6 +50,12 @@ def main() -> None:
     print(
         f"median Spearman {ranking['spearman'].median():.3f}, "
         f"median loss {ranking['loss_%'].median():.1f}%"
+    )
+    print(twins.round(3).to_string(index=False))
+    print(
+        f"ZeRO-0/ZeRO-1 twins: median Spearman {twin_medians['twin_spearman']:.3f}, loss "
+        f"{twin_medians['twin_loss_%']:.1f}% (the model on them: "
+        f"{twin_medians['model_spearman']:.3f}, {twin_medians['model_loss_%']:.1f}%)"
     )
     print(fits.round(1).to_string(index=False))
     print(mem.round(1).to_string(index=False))
@@ -105,6 +113,18 @@ def main() -> None:
                 "",
                 f"Median Spearman {ranking['spearman'].median():.3f}; median loss from running the "
                 f"predicted best {ranking['loss_%'].median():.1f}%.",
+                "",
+                "How well the sweep ranks itself, without any model: within each group, the "
+                "layouts measured with both ZeRO-0 and ZeRO-1 (which move the same gradient "
+                "bytes), one stage's run ranking the other's. A model that predicted both runs "
+                "of a layout alike could do no better on these layouts; the model's own "
+                "figures on them are beside.",
+                "",
+                twins.round(3).to_markdown(index=False),
+                "",
+                f"Median twin Spearman {twin_medians['twin_spearman']:.3f}, loss "
+                f"{twin_medians['twin_loss_%']:.1f}%; the model on the same layouts "
+                f"{twin_medians['model_spearman']:.3f}, {twin_medians['model_loss_%']:.1f}%.",
                 "",
                 "## Fits verdict against status",
                 "",

@@ -12,6 +12,7 @@ from autoconfig.validation import (
     constant_guess,
     dominated_failures,
     repeat_spread,
+    twin_ranking,
 )
 
 
@@ -130,3 +131,34 @@ def test_guess_counts_a_blank_llama_mlp_as_swiglu_and_fills_catalog_cells() -> N
     assert guess[2] > 1.1 * guess[0]  # a stated GELU MLP has two matrices
     assert guess[3] == pytest.approx(guess[0])  # llama3-8b's vocab comes from the catalog
     assert pd.isna(guess[4])
+
+
+def test_twin_ranking_ranks_one_zero_stage_by_the_other() -> None:
+    """Four layouts measured with both ZeRO stages: the twins agree on the order but for the
+    last two, so the twin Spearman is 0.8 and picking by one twin loses what the other twin
+    measured; a model that ranks them backwards picks the slowest layout."""
+    zero0 = [100.0, 200.0, 300.0, 400.0]
+    zero1 = [110.0, 210.0, 420.0, 400.0]
+    pred = [4.0, 3.0, 2.0, 1.0]
+    rows = []
+    for i in range(4):
+        for zero, tps in (("0", zero0[i]), ("1", zero1[i])):
+            rows.append({"model": "A", "tp": str(i + 1), "zero": zero, "tps": tps, "p": pred[i]})
+    runs = _runs(rows)
+    out = runs.assign(
+        source_group="Ultra-Scale Playbook",
+        num_gpus="8",
+        measured_tps=runs["tps"],
+        pred_tokens_per_s_per_gpu=runs["p"],
+        error="",
+    )
+    table = twin_ranking(out)
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert row["layouts"] == 4
+    assert row["twin_spearman"] == pytest.approx(0.8)
+    # picking by ZeRO-0 runs layout 4, whose ZeRO-1 run gives 400 of 420; by ZeRO-1, layout 3,
+    # whose ZeRO-0 run gives 300 of 400
+    assert row["twin_loss_%"] == pytest.approx((100 * (1 - 400 / 420) + 100 * (1 - 300 / 400)) / 2)
+    assert row["model_spearman"] == pytest.approx((-1.0 + -0.8) / 2)
+    assert row["model_loss_%"] == pytest.approx((100 * (1 - 100 / 400) + 100 * (1 - 110 / 420)) / 2)
