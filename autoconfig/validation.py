@@ -150,8 +150,12 @@ def constant_guess(runs: pd.DataFrame) -> pd.Series:
     dense with ffn_hidden; a blank ffn_hidden is 4h). The architecture is read as the model
     reads it: blank cells of a row naming a catalog model take the catalog's values, and a
     blank MLP is SwiGLU when the shape says so (a Llama row with its MLP cell blank is still
-    SwiGLU). NaN where a figure it needs is still blank."""
+    SwiGLU). A MoE row keeps its own ffn_hidden (blank: 4h), since the catalog's is the width of
+    one expert. NaN where a figure it needs is still blank."""
+    given_ffn = runs.get("ffn_hidden", pd.Series("", index=runs.index))
     runs = fill_from_catalog(runs)
+    experts = pd.to_numeric(runs.get("num_experts", pd.Series(index=runs.index)), errors="coerce")
+    runs = runs.assign(ffn_hidden=runs["ffn_hidden"].where(~(experts > 0), given_ffn))
     num = lambda c: pd.to_numeric(runs.get(c, pd.Series(index=runs.index)), errors="coerce")  # noqa: E731
     h, layers, heads = num("hidden"), num("layers"), num("heads")
     kv = num("kv_heads").fillna(heads)
@@ -229,13 +233,14 @@ def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
 
 
 def twin_ranking(out: pd.DataFrame, group: str = "Ultra-Scale Playbook") -> pd.DataFrame:
-    """How well a layout's ZeRO-0 run ranks its ZeRO-1 twin within each (model, GPU count)
-    group of a sweep, without any model: ZeRO-1 moves the same gradient bytes (see
-    `repeat_spread`), so a model that predicted both runs of a layout exactly alike could rank
-    the layouts no better than one twin ranks the other. Per group, over the layouts measured
-    with both stages (median of repeats): Spearman between the twins and the loss from running
-    the layout whose twin measured best (the mean of both directions), beside the model's
-    Spearman and loss on the same layouts (the mean against either twin)."""
+    """How well one measurement of a layout ranks another, without any model: within each
+    (model, GPU count) group of a sweep, a layout's ZeRO-0 run against its ZeRO-1 twin, which
+    moves the same gradient bytes (see `repeat_spread`). A reference for the sweep's noise, not
+    a bound: a model that predicted a layout's true speed would agree with each noisy run better
+    than two noisy runs agree with each other. Per group, over the layouts measured with both
+    stages (median of repeats): Spearman between the twins and the loss from running the layout
+    whose twin measured best (the mean of both directions), beside the model's Spearman and loss
+    on the same layouts (the mean against either twin)."""
     keep = (out["source_group"] == group) & (out["status"] == "ok") & out["measured_tps"].notna()
     sel = out.loc[keep & (out["error"] == "")].assign(zero=lambda f: f["zero"].astype(str))
     by = [c for c in LAYOUT if c != "source_group"]

@@ -67,5 +67,6 @@ def main() -> None:
         f"{counted[0]:.2f} s of 5 after a warm-up"
     )
 
+
 if __name__ == "__main__":
     main()

@@ -36,7 +36,9 @@ def main() -> None:
     throughput = v.throughput_table(out)
     ranking = v.playbook_ranking(out)
     twins = v.twin_ranking(out)
-    twin_medians = twins.median(numeric_only=True)
+    twin_medians = twins.median(numeric_only=True).reindex(
+        ["twin_spearman", "twin_loss_%", "model_spearman", "model_loss_%"]
+    )
     fits = v.fits_table(out)
     mem = v.memory_table(out)
     errors = out.loc[out["error"] != "", "error"].value_counts()
@@ -116,9 +118,10 @@ def main() -> None:
                 "",
                 "How well the sweep ranks itself, without any model: within each group, the "
                 "layouts measured with both ZeRO-0 and ZeRO-1 (which move the same gradient "
-                "bytes), one stage's run ranking the other's. A model that predicted both runs "
-                "of a layout alike could do no better on these layouts; the model's own "
-                "figures on them are beside.",
+                "bytes), one stage's run ranking the other's. This measures the sweep's noise; "
+                "it is not a bound (a model that predicted each layout's true speed would agree "
+                "with either noisy run better than the two agree with each other). The model's "
+                "own figures on the same layouts are beside.",
                 "",
                 twins.round(3).to_markdown(index=False),
                 "",

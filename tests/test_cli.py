@@ -169,3 +169,15 @@ def test_a_run_imports_only_the_command_it_names() -> None:
     assert "autoconfig.cli.search" in last
     for other in ("infer", "estimate", "plan", "train", "catalog"):
         assert f"autoconfig.cli.{other}'" not in last
+
+
+def test_an_option_before_the_command_registers_every_command() -> None:
+    """`autoconfig --help search` shows the group's help, which lists every command."""
+    code = (
+        "import sys; from autoconfig.cli.app import execute; execute(['--help', 'search']); "
+        "print(sorted(m for m in sys.modules if m.startswith('autoconfig.cli.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    last = done.stdout.strip().splitlines()[-1]
+    for module in set(COMMAND_MODULES.values()):
+        assert f"autoconfig.cli.{module}'" in last, done.stdout + done.stderr

@@ -133,6 +133,20 @@ def test_guess_counts_a_blank_llama_mlp_as_swiglu_and_fills_catalog_cells() -> N
     assert pd.isna(guess[4])
 
 
+def test_guess_counts_a_moe_row_as_dense_with_its_own_ffn() -> None:
+    """The reference's guess counts a MoE row as dense with its ffn_hidden cell (blank: 4h);
+    the catalog's ffn_hidden of a MoE model is one expert's width and is not taken."""
+    moe = {"num_experts": "8", "topk": "2", "vocab": "32000", "ffn_hidden": ""}
+    named, unnamed = constant_guess(
+        pd.DataFrame([_guess_row(model="mixtral-8x7b", **moe), _guess_row(**moe)])
+    )
+    assert named == pytest.approx(unnamed)  # both 4h = 16384, not the catalog's 14336
+    h, layers = 4096, 32
+    attention = 2 * h * h + 2 * h * h * 8 / 32
+    flops = 6 * (layers * (attention + 3 * h * 4 * h) + 2 * 32000 * h) + 12 * layers * h * 8192
+    assert named == pytest.approx(0.4 * 989e12 / flops)
+
+
 def test_twin_ranking_ranks_one_zero_stage_by_the_other() -> None:
     """Four layouts measured with both ZeRO stages: the twins agree on the order but for the
     last two, so the twin Spearman is 0.8 and picking by one twin loses what the other twin

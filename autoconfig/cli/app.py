@@ -40,9 +40,9 @@ COMMAND_MODULES = {
 
 
 def register(args: list[str] | None = None) -> typer.Typer:
-    """Registers on the app the command that `args` names (every command when `args` is None
-    or names none of them) and returns the app."""
-    named = next((a for a in args or [] if not a.startswith("-")), None)
+    """Registers on the app the command that `args` names first (every command when `args` is
+    None or starts otherwise, as `--help search` does) and returns the app."""
+    named = args[0] if args else None
     wanted = {COMMAND_MODULES[named]} if named in COMMAND_MODULES else set(COMMAND_MODULES.values())
     for module in sorted(wanted):
         importlib.import_module(f"autoconfig.cli.{module}")
