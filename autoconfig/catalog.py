@@ -92,7 +92,10 @@ def get_framework(name: str) -> FrameworkSpec:
 
 
 def _closest(name: str, known: list[str]) -> str:
-    near = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+    # Names the typed text begins come first ('h100' -> the h100 profiles), then look-alikes.
+    prefixed = sorted(k for k in known if name and k.startswith(name))
+    alike = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+    near = (prefixed + [k for k in alike if k not in prefixed])[:3]
     return f"; closest: {', '.join(near)}" if near else f"; known: {', '.join(sorted(known))}"
 
 

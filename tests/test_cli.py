@@ -181,3 +181,9 @@ def test_an_option_before_the_command_registers_every_command() -> None:
     last = done.stdout.strip().splitlines()[-1]
     for module in set(COMMAND_MODULES.values()):
         assert f"autoconfig.cli.{module}'" in last, done.stdout + done.stderr
+
+
+def test_an_unknown_model_or_gpu_is_one_line_with_the_nearest_names() -> None:
+    assert_user_error(run("search", "--model", "gpt4-1t", "--gpus", "8"), "model", "gpt3")
+    done = run("search", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100")
+    assert_user_error(done, "gpu", "closest: h100-sxm-80gb, h100-sxm-96gb")

@@ -154,3 +154,14 @@ def test_batch_mode_over_the_reference_table(tmp_path: Path, reference: Path) ->
     assert (pd.to_numeric(ok["pred_latency_ms"]) > 0).all()
     missing = run("infer", "--runs", str(tmp_path / "nope.csv"))
     assert_user_error(missing, "runs", "no such file")
+
+
+def test_infer_announces_the_default_gpu_it_used() -> None:
+    """Defaults are printed when used, in one stderr line, as in every command."""
+    args = ("infer", "--model", "llama3-8b", "--gpus", "1", "--batching", "static")
+    lengths = ("--input-len", "512", "--output-len", "64")
+    used = run(*args, *lengths)
+    assert used.returncode == 0, used.stderr
+    assert "defaults (a flag changes each): gpu h100-sxm-80gb" in used.stderr
+    given = run(*args, *lengths, "--gpu", "h100-sxm-80gb")
+    assert given.returncode == 0 and "defaults" not in given.stderr

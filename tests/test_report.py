@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from autoconfig import api
+from autoconfig import api, catalog
 from autoconfig.report import files
+from autoconfig.report.terminal import gpus_table
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -99,3 +100,13 @@ def test_report_loads_in_headless_chromium(report: Path, tmp_path: Path) -> None
     assert dom.count('class="main-svg"') >= 3
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
     assert not [line for line in console if "Uncaught" in line or "Error" in line], console
+
+
+def test_the_gpus_table_shortens_provenance_at_whole_words() -> None:
+    gpus = list(catalog.gpus().values())
+    cells = list(gpus_table(gpus).columns[-1].cells)
+    for gpu, cell in zip(gpus, cells, strict=True):
+        clause = gpu.efficiency.provenance.split(";")[0]
+        kept = cell.removesuffix(" ...")
+        assert len(cell) <= 60 and clause.startswith(kept)
+        assert cell == clause or clause[len(kept)] == " "  # cut between words

@@ -47,6 +47,7 @@ from autoconfig.vocab import (
 
 @app.command()
 def infer(
+    ctx: typer.Context,
     model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
     gpu: str = typer.Option(
         None,
@@ -210,6 +211,7 @@ def infer(
         requests=requests,
         seed=seed,
     )
+    defaults.announce(ctx, {"gpu": gpu})  # after the search: a refusal stays one line
     terminal.print_view(serving.terminal_view(result, top))
     if emit is not None and result.best is not None:
         print(launch_flags(result, emit))

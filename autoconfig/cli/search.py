@@ -146,7 +146,8 @@ def search(
         out = Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
     if emit is not None and defaults.defaulted(ctx, "framework"):
         framework = emit
-    catalog.get_gpu(gpu)  # an unknown name is one line before any work starts
+    catalog.get_model(model)  # an unknown name is one line before any work starts
+    catalog.get_gpu(gpu)
     catalog.get_framework(framework.value)
     opts = measure_options(locals(), cpu) if measure else None
     if opts is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 
 import pandas as pd
 from rich.console import Console, Group
@@ -253,7 +254,8 @@ def gpus_table(gpus: list[GPUSpec]) -> Table:
             f"{g.cluster.intra_node_gb_s:g}",
             f"{g.cluster.inter_node_gb_s:g}",
             f"{g.efficiency.gemm:.2f}",
-            g.efficiency.provenance.split(";")[0][:60],
+            # whole words: a cut mid-word reads as a typo
+            textwrap.shorten(g.efficiency.provenance.split(";")[0], 60, placeholder=" ..."),
         )
     return table
 
