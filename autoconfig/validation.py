@@ -155,15 +155,13 @@ def constant_guess(runs: pd.DataFrame) -> pd.Series:
     given_ffn = runs.get("ffn_hidden", pd.Series("", index=runs.index))
     runs = fill_from_catalog(runs)
     experts = pd.to_numeric(runs.get("num_experts", pd.Series(index=runs.index)), errors="coerce")
-    runs = runs.assign(ffn_hidden=runs["ffn_hidden"].where(~(experts > 0), given_ffn))
+    runs = runs.assign(ffn_hidden=runs["ffn_hidden"].mask(experts > 0, given_ffn))
     num = lambda c: pd.to_numeric(runs.get(c, pd.Series(index=runs.index)), errors="coerce")  # noqa: E731
     h, layers, heads = num("hidden"), num("layers"), num("heads")
     kv = num("kv_heads").fillna(heads)
     vocab, seq = num("vocab"), num("seq_len")
     ffn = num("ffn_hidden").fillna(4.0 * h)  # a blank FFN is GPT's 4h
-    shape = pd.DataFrame(
-        {"hidden": h, "heads": heads, "kv_heads": kv, "ffn_hidden": num("ffn_hidden")}
-    )
+    shape = pd.DataFrame({c: num(c) for c in ("hidden", "heads", "kv_heads", "ffn_hidden")})
     mats = np.where(resolved_mlp(runs, shape) == "swiglu", 3.0, 2.0)
     tied = runs.get("tied_embeddings", pd.Series("", index=runs.index)).astype(str) == "y"
     attention = 2.0 * h**2 + 2.0 * h**2 * kv / heads
@@ -204,6 +202,18 @@ def throughput_table(out: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def pick_loss(pick_by: pd.Series, measured: pd.Series) -> float:
+    """Per cent of the best measured throughput lost by running the layout `pick_by` ranks
+    first instead of the measured best."""
+    return 100 * (1 - measured[pick_by.idxmax()] / measured.max())
+
+
+def zero_twins(medians: pd.Series) -> pd.DataFrame:
+    """The layouts measured with both ZeRO-0 and ZeRO-1: from per-(layout, zero) medians,
+    one row per layout with columns '0' and '1'."""
+    return medians.unstack("zero").reindex(columns=["0", "1"]).dropna()
+
+
 def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
     """Within each (model, GPU count) group of the Ultra-Scale Playbook sweep: Spearman rank
     correlation of predicted vs measured throughput, and the measured loss from running the
@@ -219,14 +229,15 @@ def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
         if len(g) < 3:
             continue
         rho = spearmanr(g["pred_tokens_per_s_per_gpu"].astype(float), g["measured_tps"])[0]
-        pick = g.loc[g["pred_tokens_per_s_per_gpu"].astype(float).idxmax(), "measured_tps"]
         rows.append(
             {
                 "model": model,
                 "num_gpus": int(gpus),
                 "configs": len(g),
                 "spearman": rho,
-                "loss_%": 100 * (1 - pick / g["measured_tps"].max()),
+                "loss_%": pick_loss(
+                    g["pred_tokens_per_s_per_gpu"].astype(float), g["measured_tps"]
+                ),
             }
         )
     return pd.DataFrame(rows)
@@ -244,15 +255,9 @@ def twin_ranking(out: pd.DataFrame, group: str = "Ultra-Scale Playbook") -> pd.D
     keep = (out["source_group"] == group) & (out["status"] == "ok") & out["measured_tps"].notna()
     sel = out.loc[keep & (out["error"] == "")].assign(zero=lambda f: f["zero"].astype(str))
     by = [c for c in LAYOUT if c != "source_group"]
-    measured = sel.groupby([*by, "zero"], dropna=False)["measured_tps"].median().unstack("zero")
-    if not {"0", "1"} <= set(measured.columns):
-        return pd.DataFrame()
-    twins = measured[["0", "1"]].dropna()
+    twins = zero_twins(sel.groupby([*by, "zero"], dropna=False)["measured_tps"].median())
     pred = sel.groupby(by, dropna=False)["pred_tokens_per_s_per_gpu"].median().astype(float)
     twins = twins.assign(pred=pred.reindex(twins.index))
-
-    def loss(pick_by: pd.Series, run: pd.Series) -> float:
-        return 100 * (1 - run[pick_by.idxmax()] / run.max())
 
     rows = []
     for (model, gpus), g in twins.groupby(level=["model", "num_gpus"]):
@@ -265,12 +270,12 @@ def twin_ranking(out: pd.DataFrame, group: str = "Ultra-Scale Playbook") -> pd.D
                 "num_gpus": int(gpus),
                 "layouts": len(g),
                 "twin_spearman": spearmanr(zero0, zero1)[0],
-                "twin_loss_%": (loss(zero0, zero1) + loss(zero1, zero0)) / 2,
+                "twin_loss_%": (pick_loss(zero0, zero1) + pick_loss(zero1, zero0)) / 2,
                 "model_spearman": (
                     spearmanr(model_pred, zero0)[0] + spearmanr(model_pred, zero1)[0]
                 )
                 / 2,
-                "model_loss_%": (loss(model_pred, zero0) + loss(model_pred, zero1)) / 2,
+                "model_loss_%": (pick_loss(model_pred, zero0) + pick_loss(model_pred, zero1)) / 2,
             }
         )
     return pd.DataFrame(rows)
@@ -322,7 +327,7 @@ def repeat_spread(
         ["count", "min", "max", "median"]
     )
     repeats = stats[stats["count"] > 1]
-    by_zero = stats["median"].unstack("zero").reindex(columns=["0", "1"]).dropna()
+    by_zero = zero_twins(stats["median"])
     frame = pd.concat(
         [
             pd.DataFrame(

@@ -325,7 +325,7 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             saved=moe * x.topk * 2.0 * expert_h * routed_share,
             kernels=0.0,
         ),
-        Op("routing", "memory", saved=moe * x.topk * 20.0 * routed_share, kernels=0.0),
+        Op("routing", "memory", saved=moe * x.topk * (8.0 + 8.0 + 4.0) * routed_share, kernels=0.0),
         Op(
             "shared_up",
             "gemm",
