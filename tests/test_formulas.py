@@ -9,9 +9,9 @@ from conftest import make_inputs
 from autoconfig import catalog
 from autoconfig.cost import comm, evaluate
 from autoconfig.cost.flops import model_flops_per_token
-from autoconfig.cost.layer import mlp_ops, op_level_sac_bytes
+from autoconfig.cost.layer import layer_ops, mlp_ops, op_level_sac_bytes
 from autoconfig.cost.memory import in_flight, layer_activation_bytes, state_bytes
-from autoconfig.cost.timing import step_time
+from autoconfig.cost.timing import _fwd_bwd, _op_time, step_time
 
 S, B = 2048, 1
 H, A = 12288, 96  # GPT-3 175B
@@ -155,6 +155,29 @@ def test_op_level_checkpointing_keeps_input_attention_and_half_the_matmuls() -> 
     matmul_outputs = 2 * ((q + 2 * kv) + h + 2 * f + h)  # qkv, out, gate+up, down
     expected = 2 * h + (2 * q + 4 * spec.heads) + matmul_outputs / 2
     assert float(op_level) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_dense_layer_pays_nothing_for_gemms_it_lacks() -> None:
+    """A dense model's expert, router, latent and Mamba GEMMs keep their shapes but have no
+    FLOPs: they take no time. Their activation traffic once did, which, not being split by
+    tensor parallelism, made a wide-TP layer look slower than it is."""
+    x = make_inputs("llama3-8b", gpu="h100-sxm-80gb", tp=8, sp=1.0, mbs=1, seq=4096)
+    absent = [op for op in layer_ops(x) if op.kind == "gemm" and not op.present.any()]
+    assert {"router", "expert_up", "expert_down"} <= {op.name for op in absent}
+    for op in absent:
+        assert float(_op_time(x, op, np.float64(4096.0))) == 0.0
+
+
+def test_a_dense_layers_gpu_time_splits_over_tp_with_sp() -> None:
+    """With sequence parallelism every op of a dense layer is split over tp: one rank's GPU
+    time at tp 8 is within 20% of an eighth of tp 1's (the GEMMs' unsplit input and output
+    widths add a little traffic)."""
+    times = []
+    for tp in (1, 8):
+        x = make_inputs("llama3-8b", gpu="h100-sxm-80gb", tp=tp, sp=float(tp > 1), seq=4096)
+        fwd, bwd = _fwd_bwd(x, layer_ops(x), np.float64(4096.0))
+        times.append(float(fwd + bwd))
+    assert times[1] == pytest.approx(times[0] / 8, rel=0.2)
 
 
 def _routed_flops(x) -> float:

@@ -58,16 +58,17 @@ def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
     """Forward GPU time of one op over `tokens` tokens on one rank."""
     bandwidth = x.hbm_bytes_s * x.eff_memory
     if op.kind == "gemm":
-        # Absent GEMMs keep this activation traffic in training: the constants were fitted
-        # with it, and dropping it alone sends the h100 memory efficiency to its floor (the op
-        # list lacks memory traffic it stands in for; docs/model.md, Known gaps).
         traffic = x.gemm_bytes * tokens * (op.gemm_k + op.gemm_n)
         traffic = traffic + op.weight_bytes * x.gemm_bytes / 2.0
         compute = op.flops * tokens / (x.peak_flops * x.eff_gemm)
         # Sub-16-bit GEMMs read 16-bit activations once more to quantize them.
         cast = np.where(x.gemm_bytes < 2.0, 2.0 + x.gemm_bytes, 0.0) * tokens * op.gemm_k
-        cast = np.where(op.present, cast, 0.0)
-        return np.maximum(compute, traffic / bandwidth) + cast / bandwidth
+        # A GEMM the layer lacks (a dense model's expert, router or latent GEMM keeps its
+        # shape but has no FLOPs) moves nothing either: its traffic does not grow a dense
+        # layer's time, which it did until 2026-11-25 and which, not being split by tensor
+        # parallelism, made wide-TP layouts look slower than they run.
+        busy = np.maximum(compute, traffic / bandwidth) + cast / bandwidth
+        return np.where(op.present, busy, 0.0)
     if op.kind == "attention":
         causal = np.where(x.flash > 0, 0.5, 1.0)
         eff = np.where(x.flash > 0, x.eff_attention, x.eff_gemm)
