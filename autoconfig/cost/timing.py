@@ -64,9 +64,8 @@ def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
         # Sub-16-bit GEMMs read 16-bit activations once more to quantize them.
         cast = np.where(x.gemm_bytes < 2.0, 2.0 + x.gemm_bytes, 0.0) * tokens * op.gemm_k
         # A GEMM the layer lacks (a dense model's expert, router or latent GEMM keeps its
-        # shape but has no FLOPs) moves nothing either: its traffic does not grow a dense
-        # layer's time, which it did until 2026-11-25 and which, not being split by tensor
-        # parallelism, made wide-TP layouts look slower than they run.
+        # shape but has no FLOPs) moves nothing either. Charging its traffic, which tensor
+        # parallelism does not split, would make wide-TP layouts look slower than they run.
         busy = np.maximum(compute, traffic / bandwidth) + cast / bandwidth
         return np.where(op.present, busy, 0.0)
     if op.kind == "attention":
