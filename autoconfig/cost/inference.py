@@ -78,8 +78,7 @@ def _gemm(s: ServeInputs, op: Op, tokens: Col, weight_share: Col | float = 1.0) 
     act = x.gemm_bytes
     # op.weight_bytes counts 16-bit weights; weight-only quantisation reads fewer.
     weights = op.weight_bytes * (s.weight_bytes / 2.0) * weight_share
-    # A GEMM the model does not have (a dense model's expert GEMMs) moves nothing.
-    traffic = act * tokens * (op.gemm_k + op.gemm_n) * op.present + weights
+    traffic = act * tokens * op.activation_width + weights
     compute = op.flops * tokens / (x.peak_flops * s.eff_gemm)
     return np.maximum(compute, traffic / (x.hbm_bytes_s * s.eff_memory))
 

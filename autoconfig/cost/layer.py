@@ -58,6 +58,12 @@ class Op:
         GEMMs, say, have none: they keep their shapes but do no FLOPs)."""
         return np.asarray(self.flops) > 0
 
+    @property
+    def activation_width(self) -> Col:
+        """Elements per token a GEMM reads and writes besides its weights (k in, n out): none
+        for a GEMM the layer lacks, which moves nothing."""
+        return (self.gemm_k + self.gemm_n) * self.present
+
 
 def sp_div(x: CostInputs) -> Col:
     """Divisor for norm/dropout regions: tp with sequence parallelism, 1 without."""

@@ -109,9 +109,7 @@ def step_model(s: ServeInputs) -> StepModel:
     weight_scale = s.weight_bytes / 2.0  # op.weight_bytes counts 16-bit weights
     flop_s = np.stack([per_gemm(op.flops / peak) for op in gemms])
     weight_s = np.stack([per_gemm(op.weight_bytes * weight_scale / bandwidth) for op in gemms])
-    # A GEMM the model does not have (a dense model's expert GEMMs) moves no activations.
-    act_width = [(op.gemm_k + op.gemm_n) * op.present for op in gemms]
-    act_s = np.stack([per_gemm(s.act_bytes * width / bandwidth) for width in act_width])
+    act_s = np.stack([per_gemm(s.act_bytes * op.activation_width / bandwidth) for op in gemms])
     routed = np.array([op.routed for op in gemms])  # the expert GEMMs tokens are routed to
 
     moved = sum((op.moved for op in ops if op.kind == "memory"), start=np.float64(0.0))

@@ -58,16 +58,17 @@ def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
     """Forward GPU time of one op over `tokens` tokens on one rank."""
     bandwidth = x.hbm_bytes_s * x.eff_memory
     if op.kind == "gemm":
-        traffic = x.gemm_bytes * tokens * (op.gemm_k + op.gemm_n)
+        # A GEMM the layer lacks (a dense model's expert, router or latent GEMM keeps its
+        # shape but has no FLOPs) moves nothing either (`Op.activation_width`). Charging its
+        # traffic, which tensor parallelism does not split, would make wide-TP layouts look
+        # slower than they run.
+        traffic = x.gemm_bytes * tokens * op.activation_width
         traffic = traffic + op.weight_bytes * x.gemm_bytes / 2.0
         compute = op.flops * tokens / (x.peak_flops * x.eff_gemm)
         # Sub-16-bit GEMMs read 16-bit activations once more to quantize them.
         cast = np.where(x.gemm_bytes < 2.0, 2.0 + x.gemm_bytes, 0.0) * tokens * op.gemm_k
-        # A GEMM the layer lacks (a dense model's expert, router or latent GEMM keeps its
-        # shape but has no FLOPs) moves nothing either. Charging its traffic, which tensor
-        # parallelism does not split, would make wide-TP layouts look slower than they run.
-        busy = np.maximum(compute, traffic / bandwidth) + cast / bandwidth
-        return np.where(op.present, busy, 0.0)
+        cast = cast * op.present
+        return np.maximum(compute, traffic / bandwidth) + cast / bandwidth
     if op.kind == "attention":
         causal = np.where(x.flash > 0, 0.5, 1.0)
         eff = np.where(x.flash > 0, x.eff_attention, x.eff_gemm)
