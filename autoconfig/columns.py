@@ -57,6 +57,7 @@ class Behaviour:
     grad_comm_bytes: Values = 4.0  # gradients reduced in fp32 (4) or bf16 (2)
     optim_bytes: Values = 12.0  # fp32 master weights + fp32 Adam moments
     sp_saves_gathered: Values = 0.0  # SP keeps the all-gathered block inputs (torch DTensor)
+    cost_split: Values = 0.0  # pipeline blocks placed by the framework's compute-cost estimate
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

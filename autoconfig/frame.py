@@ -428,7 +428,10 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     unknown = pd.DataFrame(
         {
             "zero": zero_text.isin(UNKNOWN).to_numpy(),
-            "recompute": text_column(df, "recompute").isin(UNKNOWN).to_numpy(),
+            # "none" is a recompute mode a row states, not a blank.
+            "recompute": text_column(df, "recompute")
+            .isin(UNKNOWN - {Recompute.NONE.value})
+            .to_numpy(),
             "sp": text_column(df, "sp").isin(UNKNOWN).to_numpy(),
             "vp": (num["vp"].isna() & (pp > 1)).to_numpy(),
             "etp": (moe & (tp > 1) & text_column(df, "etp").eq("")).to_numpy(),

@@ -376,6 +376,16 @@ class FrameworkBehaviour(_Spec):
     fp8_params: Sourced  # weights kept and all-gathered in fp8 with fp8/mxfp8 recipes
     grad_reduce_bf16: Sourced  # gradients reduced in bf16 instead of fp32
     sp_saves_gathered: Sourced
+    # How pipeline stages are cut: "even" (layers/pp each, uneven only by explicit flags) or
+    # "compute_cost" (blocks placed in order by the framework's own per-block cost estimate).
+    pipeline_split: Sourced = Sourced(value="even", source="layers split evenly over the stages")
+
+    @field_validator("pipeline_split")
+    @classmethod
+    def _known_split(cls, split: Sourced) -> Sourced:
+        if split.value not in ("even", "compute_cost"):
+            raise ValueError(f"pipeline_split must be even or compute_cost, not {split.value!r}")
+        return split
 
 
 class FrameworkSpec(_Spec):

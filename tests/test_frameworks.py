@@ -7,13 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import assert_user_error, run_cli
+from conftest import assert_user_error, make_inputs, run_cli
 
-from autoconfig import api, catalog, layout
+from autoconfig import api, catalog, frameworks, layout
 from autoconfig.cost import evaluate
+from autoconfig.cost.inputs import last_stage_layers, stage_layers
+from autoconfig.cost.memory import memory
+from autoconfig.cost.timing import step_time
 from autoconfig.errors import UserError
 from autoconfig.report import exports
 from autoconfig.resolve import read_resolved
+from autoconfig.specs import FrameworkSpec
 
 
 def test_megatron_search_never_proposes_zero2_or_fsdp_with_pipelining() -> None:
@@ -194,9 +198,15 @@ def test_unknown_recompute_recomputes_only_the_layers_it_takes_to_fit() -> None:
     layers = int(got["resolved_recompute_layers"])
     assert got["resolved_recompute"] == "full" and 0 < layers < 20
     assert bool(got["pred_fits"])
-    stated = [row | {"recompute": "full", "recompute_layers": str(k)} for k in (layers - 1, 20)]
-    fewer, every = api.estimate_frame(pd.DataFrame(stated)).itertuples()
-    assert not fewer.pred_fits  # one layer fewer does not fit
+    # One layer fewer does not fit (for one layer: recomputing none does not).
+    fewer = {"recompute": "full", "recompute_layers": str(layers - 1)} if layers > 1 else {}
+    stated = [
+        row | {"recompute": "none"} | fewer,
+        row | {"recompute": "full", "recompute_layers": "20"},
+    ]
+    fewer_row, every = api.estimate_frame(pd.DataFrame(stated)).itertuples()
+    assert fewer_row.resolved_recompute == fewer_row.recompute  # a stated mode is honoured
+    assert not fewer_row.pred_fits
     assert every.pred_tokens_per_s_per_gpu < got["pred_tokens_per_s_per_gpu"]
 
 
@@ -295,3 +305,63 @@ def test_a_failed_nanotron_row_keeps_nanotrons_default_tensor_parallel_mode() ->
     ).itertuples()
     assert not failed.resolved_sp and ran.resolved_sp
     assert failed.pred_peak_mem_gb > ran.pred_peak_mem_gb
+
+
+def _nanotron_placement(layers: int, hidden: int, ffn: int, vocab: int, pp: int) -> tuple[int, int]:
+    """nanotron's block placement rank by rank, as models/base.py build_model does it: each
+    block goes to the current rank, which moves on once the running cost passes its threshold.
+    Returns (layers on the first rank, layers on the LM head's rank)."""
+    costs = [4 * hidden**2 + 3 * ffn * hidden] * layers + [vocab * hidden]
+    total, running, rank = sum(costs), 0, 0
+    held, head_rank = [0] * pp, 0
+    for block, cost in enumerate(costs):
+        running += cost
+        if block < layers:
+            held[rank] += 1
+        else:
+            head_rank = rank
+        if running > total * ((rank + 1) / pp):
+            rank += 1
+    return held[0], held[head_rank]
+
+
+@pytest.mark.parametrize("model", ["gpt3-1.3b", "llama3-8b", "llama2-70b", "gpt3-175b"])
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_nanotron_places_pipeline_blocks_by_its_compute_cost(model: str, pp: int) -> None:
+    spec = catalog.get_model(model)
+    first, last = _nanotron_placement(spec.layers, spec.hidden, spec.ffn_hidden, spec.vocab, pp)
+    x = make_inputs(model, pp=pp, cost_split=1.0)
+    assert (float(stage_layers(x)), float(last_stage_layers(x))) == (first, last)
+    even = make_inputs(model, pp=pp)
+    assert float(stage_layers(even)) == float(last_stage_layers(even)) == -(-spec.layers // pp)
+
+
+def test_a_cost_split_first_rank_holds_its_extra_layers_activations() -> None:
+    # llama3-8b over 2 stages: nanotron puts 18 layers on the first rank (the LM head is worth
+    # about two layers), which holds two micro-batches of them under 1F1B.
+    even = make_inputs("llama3-8b", gpu="h100-sxm-80gb", pp=2.0, dp=1.0, gbs=8.0)
+    split = make_inputs("llama3-8b", gpu="h100-sxm-80gb", pp=2.0, dp=1.0, gbs=8.0, cost_split=1.0)
+    assert float(stage_layers(split)) == 18.0
+    a_even, a_split = memory(even), memory(split)
+    total_even = a_even.activations + a_even.pipeline_in_flight
+    total_split = a_split.activations + a_split.pipeline_in_flight
+    assert float(total_split / total_even) == pytest.approx(18 / 16, rel=1e-9)
+
+
+def test_a_cost_split_pipeline_runs_at_the_pace_of_its_busiest_rank() -> None:
+    # With 18 layers on the first rank and 14 plus the head on the last, the first is slowest:
+    # a micro-batch's stage time is 18 layers' time.
+    x = make_inputs("llama3-8b", gpu="h100-sxm-80gb", pp=2.0, dp=1.0, gbs=8.0, cost_split=1.0)
+    t = step_time(x)
+    m = 8.0
+    slot = (t.compute + t.launch + t.tp_comm) / m
+    assert float(slot) == pytest.approx(18.0 * float(t.layer_fwd + t.layer_bwd), rel=1e-6)
+
+
+def test_frameworks_state_how_they_cut_the_pipeline() -> None:
+    assert float(frameworks.behaviour(catalog.get_framework("nanotron"), "bf16").cost_split) == 1.0
+    assert float(frameworks.behaviour(catalog.get_framework("megatron"), "bf16").cost_split) == 0.0
+    raw = catalog.get_framework("nanotron").model_dump()
+    raw["does"]["pipeline_split"] = {"value": "by_hand", "source": "a test"}
+    with pytest.raises(ValueError, match="pipeline_split must be even or compute_cost"):
+        FrameworkSpec.model_validate(raw)

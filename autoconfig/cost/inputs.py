@@ -115,6 +115,9 @@ class CostInputs:
     # 1 where SP's all-gathered block inputs are saved for backward (torch DTensor, the
     # bundled trainer); 0 where only the shard is and backward re-gathers (Megatron-LM).
     sp_saves_gathered: Col
+    # 1 where the framework places pipeline blocks by its own compute-cost estimate (nanotron),
+    # 0 where layers split evenly over the stages.
+    cost_split: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @property
@@ -160,6 +163,7 @@ OPTIONAL_COLUMNS = {
     "grad_comm_bytes": 4.0,
     "optim_bytes": 12.0,
     "sp_saves_gathered": 0.0,
+    "cost_split": 0.0,
     "etp": 1.0,
 }
 
@@ -170,13 +174,41 @@ def busiest_rank_layers(layers: Col, pp: Col, vp: Col) -> Col:
     return np.ceil(layers / (pp * vp)) * vp
 
 
+def splits_by_cost(x: CostInputs) -> Col:
+    """Layouts whose pipeline the framework splits by its compute-cost estimate."""
+    return (x.cost_split > 0) & (x.pp > 1) & (x.vp == 1)
+
+
+def _cost_split(x: CostInputs) -> tuple[Col, Col, Col]:
+    """nanotron's split (models/base.py build_model): blocks in order, each costing
+    4 h^2 + 3 ffn h (a layer) or vocab h (the LM head), go to the current rank, which moves on
+    once the running total passes rank r's threshold (r + 1) / pp of the whole. So a rank takes
+    the block that crosses its threshold, and the head, worth several layers, leaves fewer on
+    the last rank. Returns (applies, layers on the first rank, layers on the head's rank)."""
+    layer = 4.0 * x.hidden**2 + 3.0 * x.ffn * x.hidden
+    share = (x.layers * layer + x.vocab * x.hidden) / (x.pp * layer)  # a rank's share, in layers
+    first = np.minimum(np.floor(share) + 1.0, x.layers)
+    before_last = np.minimum(np.floor(share * (x.pp - 1.0)) + 1.0, x.layers)
+    return splits_by_cost(x), first, np.maximum(x.layers - before_last, 0.0)
+
+
 def stage_layers(x: CostInputs) -> Col:
-    """Layers on the busiest pipeline rank of each layout."""
-    return busiest_rank_layers(x.layers, x.pp, x.vp)
+    """Layers on the busiest pipeline rank of each layout (the first rank where the framework
+    splits by compute cost)."""
+    applies, first, _ = _cost_split(x)
+    return np.where(applies, first, busiest_rank_layers(x.layers, x.pp, x.vp))
+
+
+def last_stage_layers(x: CostInputs) -> Col:
+    """Layers on the pipeline rank that also holds the LM head."""
+    applies, _, last = _cost_split(x)
+    return np.where(applies, last, busiest_rank_layers(x.layers, x.pp, x.vp))
 
 
 def recomputed_layers(x: CostInputs, per_stage: Col) -> Col:
-    """Layers of a stage fully recomputed: recompute_layers of them with full recompute (0
-    meaning all), none otherwise."""
-    count = np.where(x.recompute_layers > 0, np.minimum(x.recompute_layers, per_stage), per_stage)
+    """Layers of a stage fully recomputed: recompute_layers of them with full recompute (0, or
+    every layer of an even split, meaning all), none otherwise."""
+    every = busiest_rank_layers(x.layers, x.pp, x.vp)
+    some = (x.recompute_layers > 0) & (x.recompute_layers < every)
+    count = np.where(some, np.minimum(x.recompute_layers, per_stage), per_stage)
     return np.where(x.recompute == FULL, count, 0.0)

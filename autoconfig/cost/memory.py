@@ -22,6 +22,7 @@ from autoconfig.cost.inputs import (
     SELECTIVE,
     Col,
     CostInputs,
+    last_stage_layers,
     recomputed_layers,
     stage_layers,
 )
@@ -63,7 +64,7 @@ def stage_params(x: CostInputs, ops: list[Op] | None = None) -> StageParams:
     """Per-rank parameter counts: layers/pp layers split by tp (experts by ep*etp)."""
     layer_dense, layer_expert = layer_params(ops if ops is not None else layer_ops(x))
     h, t = x.hidden, x.tp
-    per_stage = stage_layers(x)
+    per_stage, last_layers = stage_layers(x), last_stage_layers(x)
     vocab_shard = x.vocab * h / t
     final_norm = np.where(x.layernorm > 0, 2.0, 1.0) * h
     first_extra = vocab_shard + x.learned_pos * x.max_seq * h
@@ -73,9 +74,9 @@ def stage_params(x: CostInputs, ops: list[Op] | None = None) -> StageParams:
     mtp_dense = x.mtp * (layer_dense + 2.0 * h * h / t + 2.0 * final_norm)
     single = x.pp == 1
     dense_first = per_stage * layer_dense + first_extra + np.where(single, head + mtp_dense, 0.0)
-    dense_last = per_stage * layer_dense + head + mtp_dense + np.where(single, first_extra, 0.0)
+    dense_last = last_layers * layer_dense + head + mtp_dense + np.where(single, first_extra, 0.0)
     expert = per_stage * layer_expert
-    expert_last = expert + x.mtp * layer_expert
+    expert_last = last_layers * layer_expert + x.mtp * layer_expert
     shards = np.maximum(x.tp * x.dp * x.cp / (x.ep * x.etp), 1.0)
     return StageParams(
         dense_first, dense_last, expert, expert_last, layer_dense, layer_expert, shards
@@ -150,14 +151,21 @@ def layer_activation_bytes(
 def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | None = None) -> Memory:
     tokens = x.mbs * x.seq / x.cp
     plain, selective, full, op_level = layer_activation_bytes(x, tokens, ops)
-    per_stage = stage_layers(x)
-    recomputed = recomputed_layers(x, per_stage)
     per_mb_layer = np.select(
         [x.recompute == SELECTIVE, x.recompute == OP_LEVEL], [selective, op_level], plain
     )
-    stage_act = recomputed * full + (per_stage - recomputed) * per_mb_layer
-    # Backward of a recomputed layer rebuilds that layer's activations one at a time.
-    transient = np.where(recomputed > 0, plain, np.maximum(plain - per_mb_layer, 0.0))
+
+    def stage_activations(layers: Col) -> tuple[Col, Col]:
+        """(saved bytes of one micro-batch, recompute working set) of a rank with `layers`."""
+        recomputed = recomputed_layers(x, layers)
+        saved = recomputed * full + (layers - recomputed) * per_mb_layer
+        # Backward of a recomputed layer rebuilds that layer's activations one at a time.
+        rebuilt = np.where(recomputed > 0, plain, np.maximum(plain - per_mb_layer, 0.0))
+        return saved, np.where(layers > 0, rebuilt, 0.0)
+
+    per_stage = stage_layers(x)
+    stage_act, transient = stage_activations(per_stage)
+    last_act, last_transient = stage_activations(last_stage_layers(x))
 
     p = params if params is not None else stage_params(x, ops)
     shard = x.dp * x.cp
@@ -174,9 +182,9 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     first_flight, last_flight = in_flight(x, 0.0), in_flight(x, x.pp - 1.0)
     parts = []
     single = x.pp == 1
-    for params, experts, flight, buffers in (
-        (p.dense_first, p.expert, first_flight, emb * first_flight),
-        (p.dense_last, p.expert_last, last_flight, head + mtp_act),
+    for params, experts, flight, buffers, act, working in (
+        (p.dense_first, p.expert, first_flight, emb * first_flight, stage_act, transient),
+        (p.dense_last, p.expert_last, last_flight, head + mtp_act, last_act, last_transient),
     ):
         w, g, o = state_bytes(x, params, shard)
         ew, eg, eo = state_bytes(x, experts, p.expert_shards)
@@ -186,10 +194,10 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
                 w + ew,
                 g + eg,
                 o + eo,
-                stage_act,
-                stage_act * (flight - 1.0),
+                act,
+                act * (flight - 1.0),
                 buffers,
-                transient + zero3_gather,
+                working + zero3_gather,
             )
         )
     first, last = (np.stack([np.broadcast_to(a, np.broadcast(*s).shape) for a in s]) for s in parts)

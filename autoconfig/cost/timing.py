@@ -40,7 +40,9 @@ from autoconfig.cost.inputs import (
     SELECTIVE,
     Col,
     CostInputs,
+    last_stage_layers,
     recomputed_layers,
+    splits_by_cost,
     stage_layers,
 )
 from autoconfig.cost.layer import (
@@ -255,15 +257,19 @@ def step_time(
 def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_extra: Col) -> Col:
     """Compute time per micro-batch of the slowest pipeline rank.
 
-    An even split puts layers/pp layers on every rank plus the LM head (and loss) on the last.
-    Frameworks can instead balance the head against layers (nanotron assigns blocks by
-    compute cost; Megatron-LM has --account-for-loss-in-pipeline-split and
-    --decoder-last-pipeline-num-layers), so the busiest rank is the better of the two: the
-    even split, or whole layers summing to the balanced share of the total.
+    A framework that places blocks by its own compute-cost estimate (nanotron) runs exactly
+    that split (inputs.stage_layers, inputs.last_stage_layers). Otherwise an even split puts
+    layers/pp layers on every rank plus the LM head (and loss) on the last, and frameworks
+    can balance the head against layers by hand (Megatron-LM's
+    --account-for-loss-in-pipeline-split and --decoder-last-pipeline-num-layers), so the busiest
+    rank is the better of the two: the even split, or whole layers summing to the balanced share
+    of the total.
     """
     even = per_stage * layer + last_extra
     balanced = np.ceil((x.layers * layer + ends) / (x.pp * layer) - 1e-9) * layer
-    return np.where(x.pp > 1, np.minimum(even, np.maximum(balanced, ends)), even)
+    by_hand = np.where(x.pp > 1, np.minimum(even, np.maximum(balanced, ends)), even)
+    by_cost = np.maximum(per_stage * layer, last_stage_layers(x) * layer + last_extra)
+    return np.where(splits_by_cost(x), by_cost, by_hand)
 
 
 def _data_parallel(
