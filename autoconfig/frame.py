@@ -50,6 +50,15 @@ NONNEG_INTS = ("num_experts", "topk", "shared_experts", "recompute_layers")
 YES = {"y", "yes", "true", "1", "t"}
 NO = {"n", "no", "false", "0", "f"}
 UNKNOWN = {"", "unknown", "nan", "none"}
+# Columns where "none" is a value a row states (no recompute, no position encoding), not a blank.
+NONE_IS_STATED = {"recompute", "position"}
+
+
+def left_unknown(df: pd.DataFrame, col: str) -> pd.Series:
+    """Cells of `col` that leave it unknown (blank, "unknown", or "none" where that is no value)."""
+    blank = UNKNOWN - {"none"} if col in NONE_IS_STATED else UNKNOWN
+    return text_column(df, col).isin(blank)
+
 
 ARCH_COLUMNS = (
     "layers",
@@ -183,7 +192,7 @@ def fill_from_catalog(df: pd.DataFrame) -> pd.DataFrame:
     )
     df = df.copy()
     for col in ARCH_COLUMNS:
-        blank = text_column(df, col).isin(UNKNOWN) & known[col].notna()
+        blank = left_unknown(df, col) & known[col].notna()
         if blank.any():
             current = df[col].astype(object) if col in df else pd.Series("", index=df.index)
             df[col] = current.where(~blank, known[col].astype(object))
@@ -428,10 +437,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     unknown = pd.DataFrame(
         {
             "zero": zero_text.isin(UNKNOWN).to_numpy(),
-            # "none" is a recompute mode a row states, not a blank.
-            "recompute": text_column(df, "recompute")
-            .isin(UNKNOWN - {Recompute.NONE.value})
-            .to_numpy(),
+            "recompute": left_unknown(df, "recompute").to_numpy(),
             "sp": text_column(df, "sp").isin(UNKNOWN).to_numpy(),
             "vp": (num["vp"].isna() & (pp > 1)).to_numpy(),
             "etp": (moe & (tp > 1) & text_column(df, "etp").eq("")).to_numpy(),

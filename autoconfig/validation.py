@@ -14,12 +14,20 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
+from autoconfig import catalog
 from autoconfig.cost import evaluate
 from autoconfig.cost.flops import model_flops_per_token
-from autoconfig.cost.inputs import busiest_rank_layers
+from autoconfig.cost.inputs import busiest_rank_layers, cost_split_layers
 from autoconfig.errors import UserError
-from autoconfig.frame import fill_from_catalog, read_training_rows, resolved_mlp, with_predictions
+from autoconfig.frame import (
+    fill_from_catalog,
+    read_training_rows,
+    resolved_mlp,
+    text_column,
+    with_predictions,
+)
 from autoconfig.resolve import read_resolved
+from autoconfig.vocab import Mlp
 
 # Runs from before FlashAttention (Dao et al., May 2022) used Megatron's unfused softmax
 # attention; Megatron GPT models train with dropout 0.1 (Megatron-LM arguments.py defaults
@@ -378,6 +386,32 @@ SAME_MEMORY_SETTINGS = [
 ]
 
 
+def first_rank_layers(runs: pd.DataFrame, layers: pd.Series, pp: pd.Series) -> np.ndarray:
+    """Layers on the first pipeline rank as each row's framework splits them (vp > 1 rows
+    are left out where this is used): layers/pp, or the framework's compute-cost split, read
+    from the architecture as the model reads it (catalog values for blank cells)."""
+    filled = fill_from_catalog(runs)
+    shape = pd.DataFrame(
+        {
+            c: pd.to_numeric(filled.get(c, pd.Series(index=runs.index)), errors="coerce")
+            for c in ("hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+        }
+    )
+    gated = resolved_mlp(filled, shape) == Mlp.SWIGLU.value
+    first, _ = cost_split_layers(
+        layers, shape["hidden"], shape["ffn_hidden"], shape["vocab"], pp, gated
+    )
+    by_cost = text_column(runs, "framework").map(_splits_by_cost).astype(bool) & (pp > 1)
+    return np.where(by_cost & np.isfinite(first), first, busiest_rank_layers(layers, pp, 1))
+
+
+def _splits_by_cost(name: str) -> bool:
+    try:
+        return catalog.get_framework(name).does.pipeline_split.value == "compute_cost"
+    except UserError:
+        return False
+
+
 def dominated_failures(runs: pd.DataFrame) -> pd.Series:
     """Failed runs (crash_or_oom, oom) that a layout which ran needs at least as much memory
     as, in every term, without any model. The failed layout has tensor parallelism at least
@@ -396,7 +430,7 @@ def dominated_failures(runs: pd.DataFrame) -> pd.Series:
     num = {c: pd.to_numeric(runs[c], errors="coerce") for c in ("tp", "pp", "dp", "mbs", "zero")}
     layers = pd.to_numeric(runs["layers"], errors="coerce")
     micro = pd.to_numeric(runs["gbs"], errors="coerce") / (num["dp"] * num["mbs"])
-    per_stage = busiest_rank_layers(layers, num["pp"], 1)  # vp > 1 rows are left out below
+    per_stage = first_rank_layers(runs, layers, num["pp"])
     table = pd.DataFrame(
         {
             **num,

@@ -307,11 +307,13 @@ def test_a_failed_nanotron_row_keeps_nanotrons_default_tensor_parallel_mode() ->
     assert failed.pred_peak_mem_gb > ran.pred_peak_mem_gb
 
 
-def _nanotron_placement(layers: int, hidden: int, ffn: int, vocab: int, pp: int) -> tuple[int, int]:
+def _nanotron_placement(
+    layers: int, hidden: int, ffn: int, vocab: int, pp: int, mlp_gemms: int
+) -> tuple[int, int]:
     """nanotron's block placement rank by rank, as models/base.py build_model does it: each
     block goes to the current rank, which moves on once the running cost passes its threshold.
     Returns (layers on the first rank, layers on the LM head's rank)."""
-    costs = [4 * hidden**2 + 3 * ffn * hidden] * layers + [vocab * hidden]
+    costs = [4 * hidden**2 + mlp_gemms * ffn * hidden] * layers + [vocab * hidden]
     total, running, rank = sum(costs), 0, 0
     held, head_rank = [0] * pp, 0
     for block, cost in enumerate(costs):
@@ -325,15 +327,19 @@ def _nanotron_placement(layers: int, hidden: int, ffn: int, vocab: int, pp: int)
     return held[0], held[head_rank]
 
 
-@pytest.mark.parametrize("model", ["gpt3-1.3b", "llama3-8b", "llama2-70b", "gpt3-175b"])
-@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize(
+    "model", ["gpt3-1.3b", "gpt3-350m", "llama3-8b", "llama2-70b", "gpt3-175b", "qwen3-30b-a3b"]
+)
+@pytest.mark.parametrize("pp", [2, 3, 4, 8, 16, 20])
 def test_nanotron_places_pipeline_blocks_by_its_compute_cost(model: str, pp: int) -> None:
     spec = catalog.get_model(model)
-    first, last = _nanotron_placement(spec.layers, spec.hidden, spec.ffn_hidden, spec.vocab, pp)
+    # nanotron costs a gated (SwiGLU) MLP at 3 GEMMs, a GELU one at 2 (models/starcoder2.py)
+    gemms = 3 if spec.mlp.value == "swiglu" else 2
+    want = _nanotron_placement(spec.layers, spec.hidden, spec.ffn_hidden, spec.vocab, pp, gemms)
     x = make_inputs(model, pp=pp, cost_split=1.0)
-    assert (float(stage_layers(x)), float(last_stage_layers(x))) == (first, last)
+    assert (float(stage_layers(x)), float(last_stage_layers(x))) == want
     even = make_inputs(model, pp=pp)
-    assert float(stage_layers(even)) == float(last_stage_layers(even)) == -(-spec.layers // pp)
+    assert float(stage_layers(even)) == -(-spec.layers // pp)
 
 
 def test_a_cost_split_first_rank_holds_its_extra_layers_activations() -> None:
@@ -365,3 +371,35 @@ def test_frameworks_state_how_they_cut_the_pipeline() -> None:
     raw["does"]["pipeline_split"] = {"value": "by_hand", "source": "a test"}
     with pytest.raises(ValueError, match="pipeline_split must be even or compute_cost"):
         FrameworkSpec.model_validate(raw)
+
+
+def test_a_stated_none_is_a_value_not_a_blank() -> None:
+    """recompute none and position none are what the row says; blank or unknown are not."""
+    row = {
+        "model": "gpt3-1.3b",  # blank architecture cells take the catalog's
+        "layers": "",
+        "hidden": "",
+        "heads": "",
+        "vocab": "",
+        "gpu": "a100-sxm-80gb",
+        "num_gpus": "8",
+        "tp": "1",
+        "pp": "1",
+        "dp": "8",
+        "mbs": "1",
+        "gbs": "64",
+        "seq_len": "2048",
+        "zero": "1",
+        "precision": "bf16",
+    }
+    stated = api.estimate_frame(
+        pd.DataFrame(
+            [row | {"recompute": "none", "position": "none"}, row | {"recompute": "unknown"}]
+        )
+    )
+    assert list(stated["resolved_recompute"]) == ["none", "none"]
+    # gpt3-1.3b has learned positions (2048 x 2048 weights): stated "none" drops them.
+    learned, dropped = api.estimate_frame(pd.DataFrame([row, row | {"position": "none"}]))[
+        "mem_weights_gb"
+    ]
+    assert learned - dropped == pytest.approx(2 * 2048 * 2048 / 2**30, rel=1e-6)

@@ -285,3 +285,17 @@ def test_estimate_names_the_link_each_group_talks_over() -> None:
                "--tp", "8", "--zero", "3", "--gbs", "1536", "--recompute", "full")  # fmt: skip
     table = done.stdout[done.stdout.index("Communication by group") :]
     assert "NVLink domain" in table and "network" in table and "192" in table
+
+
+def test_the_full_recompute_advice_recomputes_every_layer_of_an_uneven_stage() -> None:
+    # 96 layers over 5 stages: the busiest holds 20. The advice for a layout that does not
+    # fit re-evaluates it with every layer of that stage recomputed, as --recompute full does.
+    shape = ["--model", "gpt3-175b", "--gpu", "a100-sxm-80gb", "--gpus", "40", "--tp", "8"]
+    shape += ["--pp", "5", "--mbs", "2", "--gbs", "64"]
+    done = run("estimate", *shape)
+    line = next(x for x in done.stdout.splitlines() if "with full activation recompute" in x)
+    advised = float(line.split(": ")[1].split(" GiB")[0])
+    full = api.estimate(
+        "gpt3-175b", "a100-sxm-80gb", 40, tp=8, pp=5, mbs=2, gbs=64, recompute="full"
+    )
+    assert advised == pytest.approx(float(full["pred_peak_mem_gb"].iloc[0]), abs=0.05)

@@ -176,3 +176,16 @@ def test_twin_ranking_ranks_one_zero_stage_by_the_other() -> None:
     assert row["twin_loss_%"] == pytest.approx((100 * (1 - 400 / 420) + 100 * (1 - 300 / 400)) / 2)
     assert row["model_spearman"] == pytest.approx((-1.0 + -0.8) / 2)
     assert row["model_loss_%"] == pytest.approx((100 * (1 - 100 / 400) + 100 * (1 - 110 / 420)) / 2)
+
+
+def test_a_failure_is_weighed_with_its_frameworks_pipeline_split() -> None:
+    # A 16-layer model whose LM head costs four layers: split evenly, pp 4 holds 4 x 4 and
+    # pp 2 holds 2 x 8 layer-micro-batches on the first rank, a tie; nanotron's split puts
+    # 6 layers on pp 4's first rank (24) and 11 on pp 2's (22), so the failure needed more.
+    shape = {"hidden": 2048, "heads": 16, "kv_heads": 16, "ffn_hidden": 8192, "vocab": 131072}
+    shape |= {"mlp": "swiglu"}
+    ran = shape | {"pp": 2, "dp": 4, "gbs": 64}
+    failed = shape | {"status": "crash_or_oom", "pp": 4, "dp": 2, "gbs": 64}
+    for framework, dominated in (("megatron", True), ("nanotron", False)):
+        runs = _layouts([ran | {"framework": framework}, failed | {"framework": framework}])
+        assert dominated_failures(runs).tolist() == [False, dominated]

@@ -179,30 +179,40 @@ def splits_by_cost(x: CostInputs) -> Col:
     return (x.cost_split > 0) & (x.pp > 1) & (x.vp == 1)
 
 
-def _cost_split(x: CostInputs) -> tuple[Col, Col, Col]:
-    """nanotron's split (models/base.py build_model): blocks in order, each costing
-    4 h^2 + 3 ffn h (a layer) or vocab h (the LM head), go to the current rank, which moves on
-    once the running total passes rank r's threshold (r + 1) / pp of the whole. So a rank takes
-    the block that crosses its threshold, and the head, worth several layers, leaves fewer on
-    the last rank. Returns (applies, layers on the first rank, layers on the head's rank)."""
-    layer = 4.0 * x.hidden**2 + 3.0 * x.ffn * x.hidden
-    share = (x.layers * layer + x.vocab * x.hidden) / (x.pp * layer)  # a rank's share, in layers
-    first = np.minimum(np.floor(share) + 1.0, x.layers)
-    before_last = np.minimum(np.floor(share * (x.pp - 1.0)) + 1.0, x.layers)
-    return splits_by_cost(x), first, np.maximum(x.layers - before_last, 0.0)
+def cost_split_layers(
+    layers: Col, hidden: Col, ffn: Col, vocab: Col, pp: Col, gated: Col
+) -> tuple[Col, Col]:
+    """nanotron's pipeline split (models/base.py build_model): blocks in order, a layer
+    costing 4 h^2 + 3 ffn h (gated MLP; 2 ffn h otherwise, models/starcoder2.py) and the LM
+    head vocab h, go to the current rank, which moves on once the running total passes its
+    threshold (r + 1) / pp of the whole. So a rank also takes the block that crosses its
+    threshold, and the head, worth several layers, leaves fewer on its rank. Returns (layers
+    on the first rank, layers on the head's rank)."""
+    layer = 4.0 * hidden**2 + np.where(gated, 3.0, 2.0) * ffn * hidden
+    share = (layers * layer + vocab * hidden) / (pp * layer)  # a rank's share, in layers
+    first = np.minimum(np.floor(share) + 1.0, layers)
+    # The head's rank: how many thresholds the layers' running total passed.
+    head_rank = np.ceil(layers / share) - 1.0
+    before = np.where(head_rank > 0, np.minimum(np.floor(head_rank * share) + 1.0, layers), 0.0)
+    return first, layers - before
+
+
+def _cost_split(x: CostInputs) -> tuple[Col, Col]:
+    """(layers on the first rank, layers on the LM head's rank) under nanotron's split."""
+    return cost_split_layers(x.layers, x.hidden, x.ffn, x.vocab, x.pp, x.mlp_kind == SWIGLU)
 
 
 def stage_layers(x: CostInputs) -> Col:
     """Layers on the busiest pipeline rank of each layout (the first rank where the framework
     splits by compute cost)."""
-    applies, first, _ = _cost_split(x)
-    return np.where(applies, first, busiest_rank_layers(x.layers, x.pp, x.vp))
+    first, _ = _cost_split(x)
+    return np.where(splits_by_cost(x), first, busiest_rank_layers(x.layers, x.pp, x.vp))
 
 
 def last_stage_layers(x: CostInputs) -> Col:
     """Layers on the pipeline rank that also holds the LM head."""
-    applies, _, last = _cost_split(x)
-    return np.where(applies, last, busiest_rank_layers(x.layers, x.pp, x.vp))
+    _, last = _cost_split(x)
+    return np.where(splits_by_cost(x), last, busiest_rank_layers(x.layers, x.pp, x.vp))
 
 
 def recomputed_layers(x: CostInputs, per_stage: Col) -> Col:

@@ -8,6 +8,7 @@ import pandas as pd
 from autoconfig import frameworks, layout
 from autoconfig.columns import Hardware, training_inputs
 from autoconfig.cost import evaluate
+from autoconfig.cost.inputs import busiest_rank_layers
 from autoconfig.training.result import SearchRequest
 from autoconfig.vocab import Recompute, ZeroStage
 
@@ -24,7 +25,8 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
         f"zero {best['zero']} needs {best['pred_peak_mem_gb']:.1f} GiB per GPU, "
         f"limit {best['mem_limit_gb']:.1f} GiB"
     ]
-    per_stage = max(request.model.layers // int(best["pp"]), 1)
+    # Every layer of the busiest stage (an uneven split's larger share included).
+    per_stage = int(busiest_rank_layers(request.model.layers, int(best["pp"]), int(best["vp"])))
     changes = {
         "ZeRO-3 (shard weights, gradients and optimizer)": {"zero": ZeroStage.WEIGHTS},
         "ZeRO-1 (distributed optimizer)": {"zero": max(int(best["zero"]), 1)},
