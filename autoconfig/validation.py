@@ -398,7 +398,7 @@ def first_rank_layers(runs: pd.DataFrame, layers: pd.Series, pp: pd.Series) -> n
         }
     )
     gated = resolved_mlp(filled, shape) == Mlp.SWIGLU.value
-    first, _ = cost_split_layers(
+    first, _, _ = cost_split_layers(
         layers, shape["hidden"], shape["ffn_hidden"], shape["vocab"], pp, gated
     )
     by_cost = text_column(runs, "framework").map(_splits_by_cost).astype(bool) & (pp > 1)

@@ -11,8 +11,8 @@ from conftest import assert_user_error, make_inputs, run_cli
 
 from autoconfig import api, catalog, frameworks, layout
 from autoconfig.cost import evaluate
-from autoconfig.cost.inputs import last_stage_layers, stage_layers
-from autoconfig.cost.memory import memory
+from autoconfig.cost.inputs import last_stage_layers, last_stage_rank, stage_layers
+from autoconfig.cost.memory import in_flight, memory
 from autoconfig.cost.timing import step_time
 from autoconfig.errors import UserError
 from autoconfig.report import exports
@@ -342,6 +342,31 @@ def test_nanotron_places_pipeline_blocks_by_its_compute_cost(model: str, pp: int
     assert float(stage_layers(even)) == -(-spec.layers // pp)
 
 
+# The Ultra-Scale Playbook's Llama-style models; the 8B on 32 stages sits exactly on a threshold.
+PLAYBOOK_SHAPES = {"1B": (16, 2048, 8192, 131072), "8B": (32, 4096, 14336, 131072)}
+
+
+@pytest.mark.parametrize("name", sorted(PLAYBOOK_SHAPES))
+@pytest.mark.parametrize("pp", [2, 4, 8, 16, 32])
+def test_nanotron_places_the_playbook_models_as_nanotron_does(name: str, pp: int) -> None:
+    layers, hidden, ffn, vocab = PLAYBOOK_SHAPES[name]
+    want = _nanotron_placement(layers, hidden, ffn, vocab, pp, 3)
+    shape = {"layers": layers, "hidden": hidden, "ffn": ffn, "vocab": vocab, "pp": pp}
+    x = make_inputs("llama3-8b", cost_split=1.0, **shape)
+    assert (float(stage_layers(x)), float(last_stage_layers(x))) == want
+
+
+def test_the_head_rank_holds_the_micro_batches_its_place_in_the_pipeline_gives() -> None:
+    # The 8B model on 16 stages: nanotron puts 2 layers and the head on rank 14, which holds
+    # min(m, 16 - 14) = 2 micro-batches of them under 1F1B, not the last rank's one.
+    layers, hidden, ffn, vocab = PLAYBOOK_SHAPES["8B"]
+    shape = {"layers": layers, "hidden": hidden, "ffn": ffn, "vocab": vocab, "pp": 16.0}
+    x = make_inputs("llama3-8b", cost_split=1.0, dp=1.0, gbs=64.0, **shape)
+    assert float(last_stage_rank(x)) == 14.0
+    assert float(in_flight(x, last_stage_rank(x))) == 2.0
+    assert float(last_stage_rank(make_inputs("llama3-8b", dp=1.0, gbs=64.0, **shape))) == 15.0
+
+
 def test_a_cost_split_first_rank_holds_its_extra_layers_activations() -> None:
     # llama3-8b over 2 stages: nanotron puts 18 layers on the first rank (the LM head is worth
     # about two layers), which holds two micro-batches of them under 1F1B.
@@ -381,23 +406,25 @@ def test_a_stated_none_is_a_value_not_a_blank() -> None:
         "hidden": "",
         "heads": "",
         "vocab": "",
-        "gpu": "a100-sxm-80gb",
+        "gpu": "a100-sxm-40gb",
         "num_gpus": "8",
         "tp": "1",
         "pp": "1",
         "dp": "8",
-        "mbs": "1",
-        "gbs": "64",
+        "mbs": "16",
+        "gbs": "256",
         "seq_len": "2048",
         "zero": "1",
         "precision": "bf16",
     }
-    stated = api.estimate_frame(
+    # Micro-batches of 16 do not fit without recompute: unknown takes what fits, none stays.
+    stated, unknown = api.estimate_frame(
         pd.DataFrame(
             [row | {"recompute": "none", "position": "none"}, row | {"recompute": "unknown"}]
         )
-    )
-    assert list(stated["resolved_recompute"]) == ["none", "none"]
+    ).itertuples()
+    assert (stated.resolved_recompute, bool(stated.pred_fits)) == ("none", False)
+    assert (unknown.resolved_recompute, bool(unknown.pred_fits)) == ("full", True)
     # gpt3-1.3b has learned positions (2048 x 2048 weights): stated "none" drops them.
     learned, dropped = api.estimate_frame(pd.DataFrame([row, row | {"position": "none"}]))[
         "mem_weights_gb"

@@ -181,38 +181,48 @@ def splits_by_cost(x: CostInputs) -> Col:
 
 def cost_split_layers(
     layers: Col, hidden: Col, ffn: Col, vocab: Col, pp: Col, gated: Col
-) -> tuple[Col, Col]:
+) -> tuple[Col, Col, Col]:
     """nanotron's pipeline split (models/base.py build_model): blocks in order, a layer
     costing 4 h^2 + 3 ffn h (gated MLP; 2 ffn h otherwise, models/starcoder2.py) and the LM
     head vocab h, go to the current rank, which moves on once the running total passes its
     threshold (r + 1) / pp of the whole. So a rank also takes the block that crosses its
     threshold, and the head, worth several layers, leaves fewer on its rank. Returns (layers
-    on the first rank, layers on the head's rank)."""
+    on the first rank, the head's rank, layers on the head's rank).
+
+    Integer arithmetic (exact in float64 below 2^53): the Playbook's 8B model on 32 stages sits
+    exactly on a threshold, which a rounded share puts on the wrong side."""
     layer = 4.0 * hidden**2 + np.where(gated, 3.0, 2.0) * ffn * hidden
-    share = (layers * layer + vocab * hidden) / (pp * layer)  # a rank's share, in layers
-    first = np.minimum(np.floor(share) + 1.0, layers)
-    # The head's rank: how many thresholds the layers' running total passed.
-    head_rank = np.ceil(layers / share) - 1.0
-    before = np.where(head_rank > 0, np.minimum(np.floor(head_rank * share) + 1.0, layers), 0.0)
-    return first, layers - before
+    whole, per_rank = layers * layer + vocab * hidden, pp * layer  # a rank's share: whole/per_rank
+    first = np.minimum(np.floor_divide(whole, per_rank) + 1.0, layers)
+    # The head's rank: how many thresholds the layers' running total passed (ceil(L/share) - 1).
+    head_rank = -np.floor_divide(-layers * per_rank, whole) - 1.0
+    before = np.minimum(np.floor_divide(head_rank * whole, per_rank) + 1.0, layers)
+    return first, head_rank, layers - np.where(head_rank > 0, before, 0.0)
 
 
-def _cost_split(x: CostInputs) -> tuple[Col, Col]:
-    """(layers on the first rank, layers on the LM head's rank) under nanotron's split."""
+def _cost_split(x: CostInputs) -> tuple[Col, Col, Col]:
+    """(first rank's layers, the LM head's rank, its layers) under nanotron's split."""
     return cost_split_layers(x.layers, x.hidden, x.ffn, x.vocab, x.pp, x.mlp_kind == SWIGLU)
 
 
 def stage_layers(x: CostInputs) -> Col:
     """Layers on the busiest pipeline rank of each layout (the first rank where the framework
     splits by compute cost)."""
-    first, _ = _cost_split(x)
+    first, _, _ = _cost_split(x)
     return np.where(splits_by_cost(x), first, busiest_rank_layers(x.layers, x.pp, x.vp))
 
 
 def last_stage_layers(x: CostInputs) -> Col:
     """Layers on the pipeline rank that also holds the LM head."""
-    _, last = _cost_split(x)
+    _, _, last = _cost_split(x)
     return np.where(splits_by_cost(x), last, busiest_rank_layers(x.layers, x.pp, x.vp))
+
+
+def last_stage_rank(x: CostInputs) -> Col:
+    """The pipeline rank that holds the LM head: the last, or where the framework's
+    compute-cost split puts it (nanotron leaves later ranks the cast and the loss, or idle)."""
+    _, rank, _ = _cost_split(x)
+    return np.where(splits_by_cost(x), rank, x.pp - 1.0)
 
 
 def recomputed_layers(x: CostInputs, per_stage: Col) -> Col:

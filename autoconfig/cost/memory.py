@@ -23,6 +23,7 @@ from autoconfig.cost.inputs import (
     Col,
     CostInputs,
     last_stage_layers,
+    last_stage_rank,
     recomputed_layers,
     stage_layers,
 )
@@ -179,7 +180,7 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     emb = total(embedding_ops(x), "saved") * tokens
     head = total(head_ops(x), "saved") * tokens + 4.0 * x.vocab / x.tp * tokens  # + dlogits
 
-    first_flight, last_flight = in_flight(x, 0.0), in_flight(x, x.pp - 1.0)
+    first_flight, last_flight = in_flight(x, 0.0), in_flight(x, last_stage_rank(x))
     parts = []
     single = x.pp == 1
     for params, experts, flight, buffers, act, working in (
