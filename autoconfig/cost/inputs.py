@@ -200,29 +200,30 @@ def cost_split_layers(
     return first, head_rank, layers - np.where(head_rank > 0, before, 0.0)
 
 
-def _cost_split(x: CostInputs) -> tuple[Col, Col, Col]:
-    """(first rank's layers, the LM head's rank, its layers) under nanotron's split."""
-    return cost_split_layers(x.layers, x.hidden, x.ffn, x.vocab, x.pp, x.mlp_kind == SWIGLU)
+def _by_framework(x: CostInputs, even: Col, part: int) -> Col:
+    """`even` where layers split evenly, else part `part` of the compute-cost split. The split
+    is solved only when some layout needs it: the search evaluates millions of even ones."""
+    if not np.any(x.cost_split > 0):
+        return even
+    split = cost_split_layers(x.layers, x.hidden, x.ffn, x.vocab, x.pp, x.mlp_kind == SWIGLU)
+    return np.where(splits_by_cost(x), split[part], even)
 
 
 def stage_layers(x: CostInputs) -> Col:
     """Layers on the busiest pipeline rank of each layout (the first rank where the framework
     splits by compute cost)."""
-    first, _, _ = _cost_split(x)
-    return np.where(splits_by_cost(x), first, busiest_rank_layers(x.layers, x.pp, x.vp))
+    return _by_framework(x, busiest_rank_layers(x.layers, x.pp, x.vp), 0)
 
 
 def last_stage_layers(x: CostInputs) -> Col:
     """Layers on the pipeline rank that also holds the LM head."""
-    _, _, last = _cost_split(x)
-    return np.where(splits_by_cost(x), last, busiest_rank_layers(x.layers, x.pp, x.vp))
+    return _by_framework(x, busiest_rank_layers(x.layers, x.pp, x.vp), 2)
 
 
 def last_stage_rank(x: CostInputs) -> Col:
     """The pipeline rank that holds the LM head: the last, or where the framework's
     compute-cost split puts it (nanotron leaves later ranks the cast and the loss, or idle)."""
-    _, rank, _ = _cost_split(x)
-    return np.where(splits_by_cost(x), rank, x.pp - 1.0)
+    return _by_framework(x, x.pp - 1.0, 1)
 
 
 def recomputed_layers(x: CostInputs, per_stage: Col) -> Col:
