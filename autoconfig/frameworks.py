@@ -115,7 +115,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         param_bytes=np.where(eight_bit & bool(does.fp8_params.value), 1.0, 2.0),
         grad_comm_bytes=2.0 if does.grad_reduce_bf16.value else 4.0,
         sp_saves_gathered=float(does.sp_saves_gathered.value),
-        cost_split=float(does.pipeline_split.value == "compute_cost"),
+        cost_split=float(does.splits_by_cost),
     )
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from autoconfig import layout
 from autoconfig.errors import UserError
 from autoconfig.layout import Layout
-from autoconfig.vocab import Mlp, Norm, Position, Precision
+from autoconfig.vocab import Mlp, Norm, PipelineSplit, Position, Precision
 
 
 class _Spec(BaseModel):
@@ -376,16 +376,21 @@ class FrameworkBehaviour(_Spec):
     fp8_params: Sourced  # weights kept and all-gathered in fp8 with fp8/mxfp8 recipes
     grad_reduce_bf16: Sourced  # gradients reduced in bf16 instead of fp32
     sp_saves_gathered: Sourced
-    # How pipeline stages are cut: "even" (layers/pp each, uneven only by explicit flags) or
-    # "compute_cost" (blocks placed in order by the framework's own per-block cost estimate).
     pipeline_split: Sourced = Sourced(value="even", source="layers split evenly over the stages")
 
     @field_validator("pipeline_split")
     @classmethod
     def _known_split(cls, split: Sourced) -> Sourced:
-        if split.value not in ("even", "compute_cost"):
-            raise ValueError(f"pipeline_split must be even or compute_cost, not {split.value!r}")
+        if split.value not in PipelineSplit.values():
+            raise ValueError(
+                f"pipeline_split must be {PipelineSplit.allowed()}, not {split.value!r}"
+            )
         return split
+
+    @property
+    def splits_by_cost(self) -> bool:
+        """Pipeline blocks placed by the framework's own compute-cost estimate."""
+        return self.pipeline_split.value == PipelineSplit.COMPUTE_COST
 
 
 class FrameworkSpec(_Spec):

@@ -14,16 +14,16 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from autoconfig import catalog
 from autoconfig.cost import evaluate
 from autoconfig.cost.flops import model_flops_per_token
 from autoconfig.cost.inputs import busiest_rank_layers, cost_split_layers
 from autoconfig.errors import UserError
 from autoconfig.frame import (
+    Errors,
     fill_from_catalog,
+    read_frameworks,
     read_training_rows,
     resolved_mlp,
-    text_column,
     with_predictions,
 )
 from autoconfig.resolve import read_resolved
@@ -401,15 +401,10 @@ def first_rank_layers(runs: pd.DataFrame, layers: pd.Series, pp: pd.Series) -> n
     first, _, _ = cost_split_layers(
         layers, shape["hidden"], shape["ffn_hidden"], shape["vocab"], pp, gated
     )
-    by_cost = text_column(runs, "framework").map(_splits_by_cost).astype(bool) & (pp > 1)
+    # An unknown framework reads as megatron's (even), as everywhere rows are read.
+    fws = read_frameworks(runs, Errors(runs.index))
+    by_cost = np.array([fw.does.splits_by_cost for fw in fws]) & (pp > 1)
     return np.where(by_cost & np.isfinite(first), first, busiest_rank_layers(layers, pp, 1))
-
-
-def _splits_by_cost(name: str) -> bool:
-    try:
-        return catalog.get_framework(name).does.pipeline_split.value == "compute_cost"
-    except UserError:
-        return False
 
 
 def dominated_failures(runs: pd.DataFrame) -> pd.Series:

@@ -159,6 +159,14 @@ class Position(Choice):
     NONE = "none"
 
 
+class PipelineSplit(Choice):
+    """How a framework cuts its pipeline: layers/pp per stage (uneven only by explicit flags),
+    or blocks placed in order by its own per-block cost estimate (nanotron)."""
+
+    EVEN = "even"
+    COMPUTE_COST = "compute_cost"
+
+
 class Framework(Choice):
     """Training frameworks autoconfig models (profiles/frameworks/) and writes settings for."""
 

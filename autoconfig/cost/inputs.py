@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 
@@ -120,6 +121,13 @@ class CostInputs:
     cost_split: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
+    @cached_property
+    def cost_split_stages(self) -> tuple[Col, Col, Col]:
+        """nanotron's split of these layouts (`cost_split_layers`), solved once per inputs:
+        (layers on the first rank, the LM head's rank, layers on the head's rank)."""
+        gated = self.mlp_kind == SWIGLU
+        return cost_split_layers(self.layers, self.hidden, self.ffn, self.vocab, self.pp, gated)
+
     @property
     def n(self) -> int:
         shapes = [np.shape(getattr(self, f.name)) for f in fields(self)]
@@ -205,8 +213,7 @@ def _by_framework(x: CostInputs, even: Col, part: int) -> Col:
     is solved only when some layout needs it: the search evaluates millions of even ones."""
     if not np.any(x.cost_split > 0):
         return even
-    split = cost_split_layers(x.layers, x.hidden, x.ffn, x.vocab, x.pp, x.mlp_kind == SWIGLU)
-    return np.where(splits_by_cost(x), split[part], even)
+    return np.where(splits_by_cost(x), x.cost_split_stages[part], even)
 
 
 def stage_layers(x: CostInputs) -> Col:
