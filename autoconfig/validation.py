@@ -225,7 +225,9 @@ def zero_twins(medians: pd.Series) -> pd.DataFrame:
 def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
     """Within each (model, GPU count) group of the Ultra-Scale Playbook sweep: Spearman rank
     correlation of predicted vs measured throughput, and the measured loss from running the
-    predicted best instead of the measured best."""
+    predicted best instead of the measured best; then the same among the group's unpipelined
+    layouts (pp 1) and its Spearman among the pipelined ones, where the sweep's ZeRO-0 and
+    ZeRO-1 twins part (`repeat_spread`)."""
     pb = out[
         (out["source_group"] == "Ultra-Scale Playbook")
         & (out["status"] == "ok")
@@ -236,30 +238,38 @@ def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
     for (model, gpus), g in pb.groupby(["model", "num_gpus"]):
         if len(g) < 3:
             continue
-        rho = spearmanr(g["pred_tokens_per_s_per_gpu"].astype(float), g["measured_tps"])[0]
-        rows.append(
-            {
-                "model": model,
-                "num_gpus": int(gpus),
-                "configs": len(g),
-                "spearman": rho,
-                "loss_%": pick_loss(
-                    g["pred_tokens_per_s_per_gpu"].astype(float), g["measured_tps"]
-                ),
-            }
-        )
+        pred = g["pred_tokens_per_s_per_gpu"].astype(float)
+        pp = pd.to_numeric(g["pp"], errors="coerce")
+        flat, piped = pp == 1, pp > 1  # a blank pp is in neither part
+        row = {"model": model, "num_gpus": int(gpus), "configs": len(g)}
+        row |= {"spearman": spearmanr(pred, g["measured_tps"])[0]}
+        row |= {"loss_%": pick_loss(pred, g["measured_tps"]), "configs_pp1": int(flat.sum())}
+        row |= _ranked(pred[flat], g["measured_tps"][flat], "pp1")
+        row["spearman_pipelined"] = _ranked(pred[piped], g["measured_tps"][piped], "")["spearman"]
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _ranked(pred: pd.Series, measured: pd.Series, suffix: str) -> dict[str, float]:
+    """Spearman and pick loss of one subset of a group (NaN below three layouts)."""
+    tag = f"_{suffix}" if suffix else ""
+    if len(pred) < 3:
+        return {f"spearman{tag}": float("nan"), f"loss{tag}_%": float("nan")}
+    return {
+        f"spearman{tag}": spearmanr(pred, measured)[0],
+        f"loss{tag}_%": pick_loss(pred, measured),
+    }
+
+
 def twin_ranking(out: pd.DataFrame, group: str = "Ultra-Scale Playbook") -> pd.DataFrame:
-    """How well one measurement of a layout ranks another, without any model: within each
-    (model, GPU count) group of a sweep, a layout's ZeRO-0 run against its ZeRO-1 twin, which
-    moves the same gradient bytes (see `repeat_spread`). A reference for the sweep's noise, not
-    a bound: a model that predicted a layout's true speed would agree with each noisy run better
-    than two noisy runs agree with each other. Per group, over the layouts measured with both
-    stages (median of repeats): Spearman between the twins and the loss from running the layout
-    whose twin measured best (the mean of both directions), beside the model's Spearman and loss
-    on the same layouts (the mean against either twin)."""
+    """How well one measurement of a layout ranks another, without any model: within each (model,
+    GPU count) group of a sweep, a layout's ZeRO-0 run against its ZeRO-1 twin, which differs
+    from it by its data-parallel communication and optimizer step (see `repeat_spread`). A
+    reference for the sweep's noise, not a bound: a model that predicted a layout's true speed
+    would agree with each noisy run better than two noisy runs agree with each other. Per group,
+    over the layouts measured with both stages (median of repeats): Spearman between the twins
+    and the loss from running the layout whose twin measured best (the mean of both directions),
+    beside the model's Spearman and loss on the same layouts (the mean against either twin)."""
     keep = (out["source_group"] == group) & (out["status"] == "ok") & out["measured_tps"].notna()
     sel = out.loc[keep & (out["error"] == "")].assign(zero=lambda f: f["zero"].astype(str))
     by = [c for c in LAYOUT if c != "source_group"]
@@ -321,10 +331,17 @@ def repeat_spread(
     """How far apart the measured throughputs of one layout lie, without any model:
 
     - *repeated*: the same layout and ZeRO stage measured more than once (max / min);
-    - *ZeRO-0 vs ZeRO-1*: one layout measured with both. ZeRO-1 replaces the data-parallel
-      all-reduce by a reduce-scatter and an all-gather of the same bytes and shards only the
-      optimizer step (Rajbhandari et al. 2020, "ZeRO", Sec. 5 and 7), so the two should agree
-      within a few per cent.
+    - *ZeRO-0 vs ZeRO-1*: one layout measured with both, over all layouts and apart for the
+      unpipelined (pp 1) and pipelined ones. ZeRO-1 replaces the data-parallel all-reduce by a
+      reduce-scatter and an all-gather of the same bytes and shards only the optimizer step
+      (Rajbhandari et al. 2020, "ZeRO", Sec. 5 and 7); nanotron, which ran the Playbook sweep,
+      keeps the all-reduce and adds the all-gather (with fp32 gradient accumulation its ZeRO-1
+      skips DDP and all-reduces the whole gradient after the last backward: trainer.py
+      `make_ddp`, `sync_gradients_across_dp`; optim/zero.py `_all_gather_params`). Either way
+      a layout's two runs differ only in their data-parallel communication (its bytes and
+      how much of it overlaps) and the optimizer step, and should agree within a few per
+      cent where those are small against the step. The signed median (ZeRO-0 / ZeRO-1)
+      shows which stage ran slower.
 
     A pair more than 1.5x apart cannot both lie within +-20% of one prediction (1.2 / 0.8 =
     1.5): that is the floor on the error any model that predicts them alike must show.
@@ -345,12 +362,16 @@ def repeat_spread(
                     "ratio": (repeats["max"] / repeats["min"]).to_numpy(),
                 }
             ),
-            pd.DataFrame(
-                {
-                    "comparison": "ZeRO-0 vs ZeRO-1",
-                    "source_group": by_zero.index.get_level_values("source_group"),
-                    "ratio": (by_zero.max(axis=1) / by_zero.min(axis=1)).to_numpy(),
-                }
+            *(
+                pd.DataFrame(
+                    {
+                        "comparison": name,
+                        "source_group": pairs.index.get_level_values("source_group"),
+                        "ratio": (pairs.max(axis=1) / pairs.min(axis=1)).to_numpy(),
+                        "signed": (pairs["0"] / pairs["1"]).to_numpy(),
+                    }
+                )
+                for name, pairs in _by_pipelining(by_zero)
             ),
         ]
     )
@@ -365,9 +386,20 @@ def repeat_spread(
                 "over_1.2x_%": 100 * (g["ratio"] > 1.2).mean(),
                 "over_1.5x_%": 100 * (g["ratio"] > 1.5).mean(),
                 "over_2x_%": 100 * (g["ratio"] > 2.0).mean(),
+                "median_zero0_over_zero1": g["signed"].median(),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _by_pipelining(by_zero: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The ZeRO twins over all layouts, then the unpipelined and the pipelined ones apart."""
+    pp = pd.to_numeric(pd.Series(by_zero.index.get_level_values("pp")), errors="coerce")
+    return [
+        ("ZeRO-0 vs ZeRO-1", by_zero),
+        ("ZeRO-0 vs ZeRO-1, pp 1", by_zero[(pp == 1).to_numpy()]),
+        ("ZeRO-0 vs ZeRO-1, pp > 1", by_zero[(pp > 1).to_numpy()]),
+    ]
 
 
 # What a layout's per-GPU memory depends on besides the dimensions dominated_failures compares.

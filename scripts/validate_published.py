@@ -36,8 +36,16 @@ def main() -> None:
     throughput = v.throughput_table(out)
     ranking = v.playbook_ranking(out)
     twins = v.twin_ranking(out)
-    twin_medians = twins.median(numeric_only=True).reindex(
-        ["twin_spearman", "twin_loss_%", "model_spearman", "model_loss_%"]
+    twin_cols = ["twin_spearman", "twin_loss_%", "model_spearman", "model_loss_%"]
+    twin_medians = twins.median(numeric_only=True).reindex(twin_cols)
+    # The twins again, the unpipelined layouts and the pipelined ones apart (medians over groups)
+    pp = pd.to_numeric(out["pp"], errors="coerce")
+    twin_split = pd.DataFrame(
+        {
+            "layouts": name,
+            **v.twin_ranking(out[keep]).median(numeric_only=True).reindex(twin_cols).to_dict(),
+        }
+        for name, keep in (("pp 1", pp == 1), ("pp > 1", pp > 1))
     )
     fits = v.fits_table(out)
     mem = v.memory_table(out)
@@ -51,7 +59,10 @@ def main() -> None:
     print(ranking.round(3).to_string(index=False))
     print(
         f"median Spearman {ranking['spearman'].median():.3f}, "
-        f"median loss {ranking['loss_%'].median():.1f}%"
+        f"median loss {ranking['loss_%'].median():.1f}%; "
+        f"pp 1 only: {ranking['spearman_pp1'].median():.3f}, "
+        f"{ranking['loss_pp1_%'].median():.1f}%; "
+        f"pipelined only: Spearman {ranking['spearman_pipelined'].median():.3f}"
     )
     print(twins.round(3).to_string(index=False))
     print(
@@ -59,6 +70,7 @@ def main() -> None:
         f"{twin_medians['twin_loss_%']:.1f}% (the model on them: "
         f"{twin_medians['model_spearman']:.3f}, {twin_medians['model_loss_%']:.1f}%)"
     )
+    print(twin_split.round(3).to_string(index=False))
     print(fits.round(1).to_string(index=False))
     print(mem.round(1).to_string(index=False))
     print(spread.round(2).to_string(index=False))
@@ -114,20 +126,30 @@ def main() -> None:
                 ranking.round(3).to_markdown(index=False),
                 "",
                 f"Median Spearman {ranking['spearman'].median():.3f}; median loss from running the "
-                f"predicted best {ranking['loss_%'].median():.1f}%.",
+                f"predicted best {ranking['loss_%'].median():.1f}%. Among each group's "
+                f"unpipelined layouts (pp 1): {ranking['spearman_pp1'].median():.3f} and "
+                f"{ranking['loss_pp1_%'].median():.1f}%; among its pipelined ones, Spearman "
+                f"{ranking['spearman_pipelined'].median():.3f}.",
                 "",
                 "How well the sweep ranks itself, without any model: within each group, the "
-                "layouts measured with both ZeRO-0 and ZeRO-1 (which move the same gradient "
-                "bytes), one stage's run ranking the other's. This measures the sweep's noise; "
-                "it is not a bound (a model that predicted each layout's true speed would agree "
-                "with either noisy run better than the two agree with each other). The model's "
-                "own figures on the same layouts are beside.",
+                "layouts measured with both ZeRO-0 and ZeRO-1 (which differ only in their "
+                "data-parallel communication and optimizer step), one stage's run ranking the "
+                "other's. This measures the "
+                "sweep's noise; it is not a bound (a model that predicted each layout's true "
+                "speed would agree with either noisy run better than the two agree with each "
+                "other). The model's own figures on the same layouts are beside.",
                 "",
                 twins.round(3).to_markdown(index=False),
                 "",
                 f"Median twin Spearman {twin_medians['twin_spearman']:.3f}, loss "
                 f"{twin_medians['twin_loss_%']:.1f}%; the model on the same layouts "
                 f"{twin_medians['model_spearman']:.3f}, {twin_medians['model_loss_%']:.1f}%.",
+                "",
+                "The same, the unpipelined and the pipelined layouts apart (medians over the "
+                "groups with three or more such layouts): where the sweep pipelines, one ZeRO "
+                "stage's runs rank the other's far worse than where it does not.",
+                "",
+                twin_split.round(3).to_markdown(index=False),
                 "",
                 "## Fits verdict against status",
                 "",
@@ -157,9 +179,12 @@ def main() -> None:
                 "",
                 "Pairs of runs with the same layout (model, GPUs, tp, pp, vp, cp, ep, dp, sp, "
                 "mbs, gbs, sequence, precision, recompute): measured twice with the same ZeRO "
-                "stage, or once with ZeRO-0 and once with ZeRO-1, which moves the same gradient "
-                "bytes. A pair more than 1.5x apart cannot both lie within +-20% of one "
-                "prediction.",
+                "stage, or once with ZeRO-0 and once with ZeRO-1, whose runs differ only in "
+                "their data-parallel communication and optimizer step "
+                "(`autoconfig.validation.repeat_spread`); the twins "
+                "again for the unpipelined and the pipelined layouts apart, with the signed "
+                "median ZeRO-0 / ZeRO-1. A pair more than 1.5x apart cannot both lie within "
+                "+-20% of one prediction.",
                 "",
                 spread.round(2).to_markdown(index=False),
                 "",

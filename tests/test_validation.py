@@ -11,6 +11,7 @@ from autoconfig.validation import (
     SAME_MEMORY_SETTINGS,
     constant_guess,
     dominated_failures,
+    playbook_ranking,
     repeat_spread,
     twin_ranking,
 )
@@ -49,6 +50,63 @@ def test_repeat_spread_pairs_and_ratios() -> None:
     assert zero["median_ratio"] == pytest.approx((200 / 110 + 1.1) / 2)
     assert zero["over_1.2x_%"] == 50.0
     assert zero["over_2x_%"] == 0.0
+    # every layout here is unpipelined: the pp 1 row repeats the whole, and no pipelined pair
+    assert table.loc["ZeRO-0 vs ZeRO-1, pp 1", "pairs"] == 2
+    assert "ZeRO-0 vs ZeRO-1, pp > 1" not in table.index
+
+
+def test_repeat_spread_parts_pipelined_twins_and_signs_them() -> None:
+    runs = _runs(
+        [
+            {"model": "A", "tps": 100.0},
+            {"model": "A", "zero": "1", "tps": 110.0},
+            # a pipelined layout whose ZeRO-0 run stalled at a quarter of its twin
+            {"model": "D", "pp": "4", "tps": 100.0},
+            {"model": "D", "pp": "4", "zero": "1", "tps": 400.0},
+        ]
+    )
+    table = repeat_spread(runs, runs["tps"], groups=("sweep",)).set_index("comparison")
+    assert table.loc["ZeRO-0 vs ZeRO-1", "pairs"] == 2
+    flat, piped = table.loc["ZeRO-0 vs ZeRO-1, pp 1"], table.loc["ZeRO-0 vs ZeRO-1, pp > 1"]
+    assert (flat["pairs"], piped["pairs"]) == (1, 1)
+    assert flat["median_ratio"] == pytest.approx(1.1)
+    assert piped["median_ratio"] == pytest.approx(4.0)
+    assert piped["median_zero0_over_zero1"] == pytest.approx(0.25)
+    assert flat["median_zero0_over_zero1"] == pytest.approx(100 / 110)
+
+
+def test_playbook_ranking_scores_the_unpipelined_and_pipelined_layouts_apart() -> None:
+    # Three unpipelined layouts ranked right, three pipelined ones ranked backwards; the
+    # whole group's best is pipelined and predicted last.
+    measured = [100.0, 200.0, 300.0, 150.0, 250.0, 400.0]
+    pred = [1.0, 2.0, 3.0, 3.5, 2.5, 1.5]
+    pp = ["1", "1", "1", "2", "2", "2"]
+    out = pd.DataFrame(
+        {
+            "source_group": "Ultra-Scale Playbook",
+            "status": "ok",
+            "error": "",
+            "model": "A",
+            "num_gpus": "8",
+            "pp": pp,
+            "measured_tps": measured,
+            "pred_tokens_per_s_per_gpu": pred,
+        }
+    )
+    row = playbook_ranking(out).iloc[0]
+    assert (row["configs"], row["configs_pp1"]) == (6, 3)
+    assert row["spearman_pp1"] == pytest.approx(1.0)
+    assert row["loss_pp1_%"] == pytest.approx(0.0)
+    assert row["spearman_pipelined"] == pytest.approx(-1.0)
+    # the whole group's pick (3.5) measured 150 of the best 400
+    assert row["loss_%"] == pytest.approx(100 * (1 - 150 / 400))
+
+    # Below three layouts a part has no figures, and a blank pp is in neither part.
+    small = out.assign(pp=["1", "1", "", "2", "2", "2"])
+    row = playbook_ranking(small).iloc[0]
+    assert row["configs_pp1"] == 2
+    assert pd.isna(row["spearman_pp1"]) and pd.isna(row["loss_pp1_%"])
+    assert row["spearman_pipelined"] == pytest.approx(-1.0)
 
 
 def _layouts(rows: list[dict[str, object]]) -> pd.DataFrame:
