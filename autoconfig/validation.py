@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -238,16 +239,20 @@ def playbook_ranking(out: pd.DataFrame) -> pd.DataFrame:
     for (model, gpus), g in pb.groupby(["model", "num_gpus"]):
         if len(g) < 3:
             continue
-        pred = g["pred_tokens_per_s_per_gpu"].astype(float)
-        pp = pd.to_numeric(g["pp"], errors="coerce")
-        flat, piped = pp == 1, pp > 1  # a blank pp is in neither part
+        pred, measured = g["pred_tokens_per_s_per_gpu"].astype(float), g["measured_tps"]
+        flat, piped = pipelining(g["pp"])
         row = {"model": model, "num_gpus": int(gpus), "configs": len(g)}
-        row |= {"spearman": spearmanr(pred, g["measured_tps"])[0]}
-        row |= {"loss_%": pick_loss(pred, g["measured_tps"]), "configs_pp1": int(flat.sum())}
-        row |= _ranked(pred[flat], g["measured_tps"][flat], "pp1")
-        row["spearman_pipelined"] = _ranked(pred[piped], g["measured_tps"][piped], "")["spearman"]
+        row |= _ranked(pred, measured, "") | {"configs_pp1": int(flat.sum())}
+        row |= _ranked(pred[flat], measured[flat], "pp1")
+        row["spearman_pipelined"] = _ranked(pred[piped], measured[piped], "")["spearman"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def pipelining(pp: Iterable[object]) -> tuple[np.ndarray, np.ndarray]:
+    """(unpipelined, pipelined) masks of a column of pp values; a blank pp is in neither."""
+    stages = pd.to_numeric(pd.Series(list(pp)), errors="coerce").to_numpy()
+    return stages == 1, stages > 1
 
 
 def _ranked(pred: pd.Series, measured: pd.Series, suffix: str) -> dict[str, float]:
@@ -297,6 +302,19 @@ def twin_ranking(out: pd.DataFrame, group: str = "Ultra-Scale Playbook") -> pd.D
             }
         )
     return pd.DataFrame(rows)
+
+
+TWIN_FIGURES = ["twin_spearman", "twin_loss_%", "model_spearman", "model_loss_%"]
+
+
+def twin_ranking_by_pipelining(out: pd.DataFrame) -> pd.DataFrame:
+    """`twin_ranking`'s medians over groups, for the unpipelined and the pipelined layouts
+    apart."""
+    flat, piped = pipelining(out["pp"])
+    return pd.DataFrame(
+        {"layouts": name, **twin_ranking(out[keep]).median(numeric_only=True)[TWIN_FIGURES]}
+        for name, keep in (("pp 1", flat), ("pp > 1", piped))
+    )
 
 
 # What fixes a training run's speed in the reference table, short of the ZeRO stage.
@@ -394,11 +412,11 @@ def repeat_spread(
 
 def _by_pipelining(by_zero: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """The ZeRO twins over all layouts, then the unpipelined and the pipelined ones apart."""
-    pp = pd.to_numeric(pd.Series(by_zero.index.get_level_values("pp")), errors="coerce")
+    flat, piped = pipelining(by_zero.index.get_level_values("pp"))
     return [
         ("ZeRO-0 vs ZeRO-1", by_zero),
-        ("ZeRO-0 vs ZeRO-1, pp 1", by_zero[(pp == 1).to_numpy()]),
-        ("ZeRO-0 vs ZeRO-1, pp > 1", by_zero[(pp > 1).to_numpy()]),
+        ("ZeRO-0 vs ZeRO-1, pp 1", by_zero[flat]),
+        ("ZeRO-0 vs ZeRO-1, pp > 1", by_zero[piped]),
     ]
 
 
@@ -430,9 +448,9 @@ def first_rank_layers(runs: pd.DataFrame, layers: pd.Series, pp: pd.Series) -> n
         }
     )
     gated = resolved_mlp(filled, shape) == Mlp.SWIGLU.value
-    first, _, _ = cost_split_layers(
+    first = cost_split_layers(
         layers, shape["hidden"], shape["ffn_hidden"], shape["vocab"], pp, gated
-    )
+    ).first
     # An unknown framework reads as megatron's (even), as everywhere rows are read.
     fws = read_frameworks(runs, Errors(runs.index))
     by_cost = np.array([fw.does.splits_by_cost for fw in fws]) & (pp > 1)

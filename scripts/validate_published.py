@@ -36,17 +36,8 @@ def main() -> None:
     throughput = v.throughput_table(out)
     ranking = v.playbook_ranking(out)
     twins = v.twin_ranking(out)
-    twin_cols = ["twin_spearman", "twin_loss_%", "model_spearman", "model_loss_%"]
-    twin_medians = twins.median(numeric_only=True).reindex(twin_cols)
-    # The twins again, the unpipelined layouts and the pipelined ones apart (medians over groups)
-    pp = pd.to_numeric(out["pp"], errors="coerce")
-    twin_split = pd.DataFrame(
-        {
-            "layouts": name,
-            **v.twin_ranking(out[keep]).median(numeric_only=True).reindex(twin_cols).to_dict(),
-        }
-        for name, keep in (("pp 1", pp == 1), ("pp > 1", pp > 1))
-    )
+    twin_medians = twins.median(numeric_only=True)[v.TWIN_FIGURES]
+    twin_split = v.twin_ranking_by_pipelining(out)
     fits = v.fits_table(out)
     mem = v.memory_table(out)
     errors = out.loc[out["error"] != "", "error"].value_counts()
@@ -134,10 +125,10 @@ def main() -> None:
                 "How well the sweep ranks itself, without any model: within each group, the "
                 "layouts measured with both ZeRO-0 and ZeRO-1 (which differ only in their "
                 "data-parallel communication and optimizer step), one stage's run ranking the "
-                "other's. This measures the "
-                "sweep's noise; it is not a bound (a model that predicted each layout's true "
-                "speed would agree with either noisy run better than the two agree with each "
-                "other). The model's own figures on the same layouts are beside.",
+                "other's. This measures the sweep's noise; it is not a bound (a model that "
+                "predicted each layout's true speed would agree with either noisy run better "
+                "than the two agree with each other). The model's own figures on the same "
+                "layouts are beside.",
                 "",
                 twins.round(3).to_markdown(index=False),
                 "",
@@ -181,10 +172,9 @@ def main() -> None:
                 "mbs, gbs, sequence, precision, recompute): measured twice with the same ZeRO "
                 "stage, or once with ZeRO-0 and once with ZeRO-1, whose runs differ only in "
                 "their data-parallel communication and optimizer step "
-                "(`autoconfig.validation.repeat_spread`); the twins "
-                "again for the unpipelined and the pipelined layouts apart, with the signed "
-                "median ZeRO-0 / ZeRO-1. A pair more than 1.5x apart cannot both lie within "
-                "+-20% of one prediction.",
+                "(`autoconfig.validation.repeat_spread`); the twins again for the unpipelined "
+                "and the pipelined layouts apart, with the signed median ZeRO-0 / ZeRO-1. A "
+                "pair more than 1.5x apart cannot both lie within +-20% of one prediction.",
                 "",
                 spread.round(2).to_markdown(index=False),
                 "",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -122,9 +123,8 @@ class CostInputs:
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
-    def cost_split_stages(self) -> tuple[Col, Col, Col]:
-        """nanotron's split of these layouts (`cost_split_layers`), solved once per inputs:
-        (layers on the first rank, the LM head's rank, layers on the head's rank)."""
+    def cost_split_stages(self) -> CostSplit:
+        """nanotron's split of these layouts (`cost_split_layers`), solved once per inputs."""
         gated = self.mlp_kind == SWIGLU
         return cost_split_layers(self.layers, self.hidden, self.ffn, self.vocab, self.pp, gated)
 
@@ -187,15 +187,23 @@ def splits_by_cost(x: CostInputs) -> Col:
     return (x.cost_split > 0) & (x.pp > 1) & (x.vp == 1)
 
 
+class CostSplit(NamedTuple):
+    """A pipeline cut by compute cost: layers on the first rank, the rank holding the LM head
+    and the layers on that rank."""
+
+    first: Col
+    head_rank: Col
+    head_layers: Col
+
+
 def cost_split_layers(
     layers: Col, hidden: Col, ffn: Col, vocab: Col, pp: Col, gated: Col
-) -> tuple[Col, Col, Col]:
+) -> CostSplit:
     """nanotron's pipeline split (models/base.py build_model): blocks in order, a layer
     costing 4 h^2 + 3 ffn h (gated MLP; 2 ffn h otherwise, models/starcoder2.py) and the LM
     head vocab h, go to the current rank, which moves on once the running total passes its
     threshold (r + 1) / pp of the whole. So a rank also takes the block that crosses its
-    threshold, and the head, worth several layers, leaves fewer on its rank. Returns (layers
-    on the first rank, the head's rank, layers on the head's rank).
+    threshold, and the head, worth several layers, leaves fewer on its rank.
 
     Integer arithmetic (exact in float64 below 2^53): the Playbook's 8B model on 32 stages sits
     exactly on a threshold, which a rounded share puts on the wrong side."""
@@ -205,32 +213,33 @@ def cost_split_layers(
     # The head's rank: how many thresholds the layers' running total passed (ceil(L/share) - 1).
     head_rank = -np.floor_divide(-layers * per_rank, whole) - 1.0
     before = np.minimum(np.floor_divide(head_rank * whole, per_rank) + 1.0, layers)
-    return first, head_rank, layers - np.where(head_rank > 0, before, 0.0)
+    return CostSplit(first, head_rank, layers - np.where(head_rank > 0, before, 0.0))
 
 
-def _by_framework(x: CostInputs, even: Col, part: int) -> Col:
-    """`even` where layers split evenly, else part `part` of the compute-cost split. The split
-    is solved only when some layout needs it: the search evaluates millions of even ones."""
+def _by_framework(x: CostInputs, even: Col, part: str) -> Col:
+    """`even` where layers split evenly, else the compute-cost split's `part` (a CostSplit
+    field). The split is solved only when some layout needs it: the search evaluates millions
+    of even ones."""
     if not np.any(x.cost_split > 0):
         return even
-    return np.where(splits_by_cost(x), x.cost_split_stages[part], even)
+    return np.where(splits_by_cost(x), getattr(x.cost_split_stages, part), even)
 
 
 def stage_layers(x: CostInputs) -> Col:
     """Layers on the busiest pipeline rank of each layout (the first rank where the framework
     splits by compute cost)."""
-    return _by_framework(x, busiest_rank_layers(x.layers, x.pp, x.vp), 0)
+    return _by_framework(x, busiest_rank_layers(x.layers, x.pp, x.vp), "first")
 
 
 def last_stage_layers(x: CostInputs) -> Col:
     """Layers on the pipeline rank that also holds the LM head."""
-    return _by_framework(x, busiest_rank_layers(x.layers, x.pp, x.vp), 2)
+    return _by_framework(x, busiest_rank_layers(x.layers, x.pp, x.vp), "head_layers")
 
 
 def last_stage_rank(x: CostInputs) -> Col:
     """The pipeline rank that holds the LM head: the last, or where the framework's
     compute-cost split puts it (nanotron leaves later ranks the cast and the loss, or idle)."""
-    return _by_framework(x, x.pp - 1.0, 1)
+    return _by_framework(x, x.pp - 1.0, "head_rank")
 
 
 def recomputed_layers(x: CostInputs, per_stage: Col) -> Col:
