@@ -106,15 +106,20 @@ def test_resume_of_another_search_is_refused_and_leaves_the_study(local_search) 
 
 def test_every_failure_class_is_recorded_and_the_study_completes(tmp_path) -> None:
     out = tmp_path / "faults"
-    faults = {"AUTOCONFIG_MEASURE_FAULTS": "1:alloc@0,2:sleep@1,3:crash@1"}
+    faults = {"AUTOCONFIG_MEASURE_FAULTS": "1:alloc@0,2:sleep@1,3:crash@1,4:abort@1"}
     started = time.time()
     done = search(
-        out, "--gpus", "2", "--trials", "4", "--trial-memory-gb", "2",
+        out, "--gpus", "2", "--trials", "5", "--trial-memory-gb", "2",
         "--trial-timeout-min", "0.5", env=faults,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    trials = pd.read_csv(out / "trials.csv").set_index("trial")
-    assert trials["class"].to_dict() == {0: "ok", 1: "oom", 2: "timeout", 3: "crash"}
+    trials = pd.read_csv(out / "trials.csv", keep_default_na=False).set_index("trial")
+    assert trials["class"].to_dict() == {0: "ok", 1: "oom", 2: "timeout", 3: "crash", 4: "ok"}
+    # A rank killed from outside (trial 4's first run) costs a re-run, not the layout: the
+    # re-run measured it, and the first run's lost rank is on record.
+    assert "ranks 1 wrote no result" in trials.loc[4, "rerun_after"]
+    assert trials.loc[4, "run_dir"].endswith("0004-rerun")
+    assert (trials.drop(index=4)["rerun_after"] == "").all()  # a failure of its own: no re-run
     assert "can't allocate memory" in trials.loc[1, "reason"]
     assert "memory verdict was wrong" in trials.loc[1, "reason"]
     assert "killed at the 30 s trial limit" in trials.loc[2, "reason"]
@@ -127,6 +132,19 @@ def test_every_failure_class_is_recorded_and_the_study_completes(tmp_path) -> No
     # The folder's ranks are gone: nothing left running after the search.
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+def test_a_layout_that_loses_a_rank_on_both_runs_is_a_crash_that_says_so(tmp_path) -> None:
+    out = tmp_path / "lost"
+    done = search(out, "--gpus", "2", "--trials", "1", env={"AUTOCONFIG_TRAINER_FAULT": "abort@1"})
+    assert done.returncode == 1, done.stderr[-3000:]  # no trial succeeded
+    trials = pd.read_csv(out / "trials.csv", keep_default_na=False)
+    assert trials["class"].tolist() == ["crash"]
+    reason = trials.loc[0, "reason"]
+    assert "wrote no result" in reason and "lost a rank on the first run too" in reason
+    assert "wrote no result" in trials.loc[0, "rerun_after"]
+    first, again = out / "trials" / "0000", out / "trials" / "0000-rerun"
+    assert (first / "rank0.json").exists() and (again / "rank0.json").exists()
 
 
 def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path) -> None:

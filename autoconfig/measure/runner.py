@@ -84,7 +84,9 @@ class Runner:
 
     def gpu_hours(self) -> float:
         return sum(
-            float(t.user_attrs.get("wall_s", 0)) * int(t.user_attrs.get("world", 1)) / 3600
+            (float(t.user_attrs.get("wall_s", 0)) + float(t.user_attrs.get("lost_wall_s", 0)))
+            * int(t.user_attrs.get("world", 1))
+            / 3600
             for t in self.study.get_trials(deepcopy=False)
         )
 
@@ -217,7 +219,41 @@ class Runner:
                 self.settings.timeout_s,
             )
             del self.flights[number]
+            if self._rerun(number, flight, outcome):
+                continue
             self._tell(flight.trial, outcome)
+
+    def _rerun(self, number: int, flight: Flight, outcome: Outcome) -> bool:
+        """A trial in which no rank failed on its own (one was killed from outside, by a
+        signal or the kernel, and its peers lost it) runs once more before it is called a
+        crash: one lost node or stray signal says nothing about the layout. Returns whether
+        the re-run was launched; False when this outcome is final."""
+        trial = flight.trial
+        if outcome.kind is not FailureClass.CRASH or not only_collateral(outcome):
+            return False
+        if "rerun_after" in trial.user_attrs:  # this was the re-run: once is enough
+            first = trial.user_attrs["rerun_after"]
+            outcome.reason = f"{outcome.reason} | lost a rank on the first run too: {first}"[:1500]
+            return False
+        # The re-run is the layout as the search built it: a fault injected for a test is the
+        # first run's accident, not the layout's.
+        cfg = self.candidates.config(flight.key)
+        run_dir = flight.run_dir.with_name(f"{flight.run_dir.name}-rerun")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
+        try:
+            job = self.launcher.submit(cfg, run_dir)
+        except LaunchError:
+            return False
+        trial.set_user_attr("rerun_after", outcome.reason[:500])
+        trial.set_user_attr("lost_wall_s", outcome.attrs.get("wall_s", 0.0))
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("job_id", job.job_id)
+        trial.set_user_attr("submitted", job.submitted)
+        self.flights[number] = Flight(trial, flight.key, cfg, job, run_dir)
+        label = trial.user_attrs.get("label", flight.key)
+        self.progress.started(number, f"{label} (again: a rank was lost)")
+        return True
 
     def _tell(self, trial: optuna.trial.Trial, outcome: Outcome) -> None:
         attrs = dict(outcome.attrs)

@@ -29,6 +29,7 @@ COLUMNS = [
     "wall_s",
     "overhead_s",
     "reason",
+    "rerun_after",
     "run_dir",
 ]
 
@@ -61,6 +62,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
                 "wall_s": a.get("wall_s"),
                 "overhead_s": a.get("overhead_s"),
                 "reason": a.get("reason", ""),
+                "rerun_after": a.get("rerun_after", ""),
                 "run_dir": a.get("run_dir", ""),
             }
         )

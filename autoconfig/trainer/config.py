@@ -94,7 +94,8 @@ class TrainConfig(Layout):
     fault: str = Field(
         default="",
         description="testing: make rank R fail at its second step, 'oom@R' (a CUDA OOM error), "
-        "'alloc@R' (a real allocation past memory_limit_gb), 'crash@R' or 'sleep@R' (hang)",
+        "'alloc@R' (a real allocation past memory_limit_gb), 'crash@R', 'abort@R' (killed by "
+        "SIGABRT, no result written) or 'sleep@R' (hang)",
     )
     timeout_s: float = Field(default=300.0, gt=0, description="collective timeout per rank")
 

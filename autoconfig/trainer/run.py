@@ -474,6 +474,8 @@ def _injected_fault(cfg: TrainConfig, rank: int) -> Callable[[], None] | None:
             torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
         if kind == "sleep":
             time.sleep(10**6)
+        if kind == "abort":  # killed by a signal, as glibc's heap checks or the kernel end one
+            os.abort()
         raise RuntimeError(f"crash injected by fault '{spec}'")
 
     return fail
