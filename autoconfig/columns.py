@@ -128,6 +128,7 @@ def hardware_columns(hw: Hardware) -> dict[str, float]:
         "peak_flops": gpu.peak(precision) * 1e12,
         "peak_bf16_flops": gpu.peak("bf16") * 1e12,
         "hbm_bytes_s": gpu.memory_tb_s * 1e12,
+        "sms": float(gpu.sms),
         "memory_gb": gpu.memory_gb,
         "eff_gemm": e.gemm_at(precision),
         "eff_attention": e.attention,

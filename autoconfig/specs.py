@@ -304,6 +304,12 @@ class GPUSpec(_Spec):
     peak_tflops: dict[str, float] = Field(description="dense peak TFLOP/s by precision")
     memory_gb: float = Field(gt=0, description="usable HBM, GiB")
     memory_tb_s: float = Field(gt=0, description="HBM bandwidth, TB/s")
+    sms: int = Field(
+        default=0,
+        ge=0,
+        description="streaming multiprocessors: a GEMM's output tiles run in waves of this "
+        "many (0: waves not modelled, as on a CPU)",
+    )
     efficiency: Efficiency
     inference: InferenceEfficiency | None = Field(
         default=None, description="serving-engine constants (carried over from a fitted chip)"

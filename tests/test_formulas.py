@@ -11,7 +11,7 @@ from autoconfig.cost import comm, evaluate
 from autoconfig.cost.flops import model_flops_per_token
 from autoconfig.cost.layer import layer_ops, mlp_ops, op_level_sac_bytes
 from autoconfig.cost.memory import in_flight, layer_activation_bytes, state_bytes
-from autoconfig.cost.timing import _fwd_bwd, _op_time, step_time
+from autoconfig.cost.timing import _fwd_bwd, _op_time, step_time, wave_utilization
 
 S, B = 2048, 1
 H, A = 12288, 96  # GPT-3 175B
@@ -166,6 +166,37 @@ def test_a_dense_layer_pays_nothing_for_gemms_it_lacks() -> None:
     assert {"router", "expert_up", "expert_down"} <= {op.name for op in absent}
     for op in absent:
         assert float(_op_time(x, op, np.float64(4096.0))) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("tokens", "n", "sms", "busy"),
+    [
+        (4096, 256, 132, 32 / 132),  # 16 x 2 tiles of 256 x 128: a quarter of H100's SMs
+        (256 * 132, 128, 132, 1.0),  # exactly one full wave
+        (256 * 133, 128, 132, 133 / 264),  # one tile too many: a second wave, nearly empty
+        (4096, 256, 0, 1.0),  # no SM count (a CPU profile): not modelled
+    ],
+)
+def test_a_gemms_output_tiles_run_in_waves_over_the_sms(tokens, n, sms, busy) -> None:
+    assert float(wave_utilization(np.float64(tokens), np.float64(n), np.float64(sms))) == (
+        pytest.approx(busy)
+    )
+
+
+def test_a_small_micro_batch_under_wide_tp_leaves_sms_idle() -> None:
+    """llama3-8b at tp 8 on H100: one 4,096-token sequence makes too few output tiles to fill
+    the 132 SMs, so its compute-bound GEMMs take longer per token than an 8-sequence
+    micro-batch's, by their tiles' wave utilisation; with no SM count per token is the same."""
+    for sms, expect_slower in ((132.0, True), (0.0, False)):
+        x = make_inputs("llama3-8b", gpu="h100-sxm-80gb", tp=8, sp=1.0, seq=4096, sms=sms)
+        gemms = [op for op in layer_ops(x) if op.kind == "gemm" and op.present.all()]
+        small, large = np.float64(4096.0), np.float64(8 * 4096.0)
+        per_token_small = sum(float(_op_time(x, op, small)) for op in gemms) / 4096
+        per_token_large = sum(float(_op_time(x, op, large)) for op in gemms) / (8 * 4096)
+        if expect_slower:
+            assert per_token_small > 1.2 * per_token_large
+        else:
+            assert per_token_small == pytest.approx(per_token_large, rel=0.02)
 
 
 def test_a_dense_layers_gpu_time_splits_over_tp_with_sp() -> None:

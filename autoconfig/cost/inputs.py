@@ -71,6 +71,7 @@ class CostInputs:
     # hardware
     peak_flops: Col  # FLOP/s at the run's precision
     hbm_bytes_s: Col
+    sms: Col  # streaming multiprocessors (0: GEMM waves not modelled)
     memory_gb: Col
     eff_gemm: Col
     eff_attention: Col
