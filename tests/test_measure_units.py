@@ -176,3 +176,41 @@ def test_few_trials_leave_unidentifiable_constants_at_the_prior(tmp_path, candid
     one = calibrate.fit_trials(trials[:1])
     assert one.constants == {} and one.refused
     assert np.array_equal(one.after, one.before)
+
+
+def _ranks(tmp_path, messages: dict[int, str]) -> None:
+    """rank{r}.json files as failed ranks leave them (a rank absent from `messages` left none)."""
+    import json
+
+    for rank, message in messages.items():
+        result = {"rank": rank, "status": "error", "message": message}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def test_a_ranks_own_failure_survives_the_cut_of_a_long_message(tmp_path) -> None:
+    """16 ranks: rank 12 failed on its own, rank 3 left nothing, the rest lost their peers
+    with long gloo messages. The run's message is cut at 2,000 characters: the cause and the
+    lost rank come first, so the crash is not taken for a rank lost from outside."""
+    from autoconfig.measure.outcome import Outcome, lost_a_rank, message_parts
+    from autoconfig.trainer.assemble import assemble
+    from autoconfig.trainer.config import TrainConfig
+    from autoconfig.vocab import FailureClass
+
+    peer = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Connection closed by peer " + "x" * 200
+    messages = {r: peer for r in range(16) if r not in (3, 12)}
+    messages[12] = "ValueError: a bug of this layout"
+    _ranks(tmp_path, messages)
+    cfg = TrainConfig(model="tiny-llama", dp=16, device="cpu")
+    metrics = assemble(cfg, tmp_path, 16)
+    parts = message_parts(metrics.message)
+    assert parts[0] == "rank 12: ValueError: a bug of this layout"
+    assert parts[1].startswith("ranks 3 wrote no result")
+    assert not lost_a_rank(Outcome(FailureClass.CRASH, "", metrics))
+    # Without rank 12's own failure it is a rank lost from outside.
+    _ranks(tmp_path, {12: peer})
+    lost = assemble(cfg, tmp_path, 16)
+    assert lost_a_rank(Outcome(FailureClass.CRASH, "", lost))
+    # A job in which no rank wrote anything (a broken setup, say) is not one.
+    for path in tmp_path.glob("rank*.json"):
+        path.unlink()
+    assert not lost_a_rank(Outcome(FailureClass.CRASH, "", assemble(cfg, tmp_path, 16)))

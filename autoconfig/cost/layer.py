@@ -45,6 +45,9 @@ class Op:
     moved: Col | float = ZERO  # bytes read+written per token by a memory-bound kernel (fwd)
     gemm_k: Col | float = ZERO  # GEMM reduction dim per rank
     gemm_n: Col | float = ZERO  # GEMM output dim per rank
+    # Output dim per rank of the one kernel this GEMM runs in when fused with others (q, k and
+    # v); 0: its own gemm_n. What the kernel's output tiles are counted on (timing's waves).
+    kernel_n: Col | float = ZERO
     weight_bytes: Col | float = ZERO  # 16-bit GEMM weight bytes read once per micro-batch
     kernels: Col | float = 1.0  # forward kernel launches
     dropped_by_selective: bool = False  # saved tensors recomputed under selective recompute
@@ -97,10 +100,18 @@ def attention_span(x: CostInputs) -> Col:
 
 
 def _column_parallel(
-    name: str, k: Col, n: Col, share: Col, t: Col, saved: Col, kernels: Col | None = None
+    name: str,
+    k: Col,
+    n: Col,
+    share: Col,
+    t: Col,
+    saved: Col,
+    kernels: Col | None = None,
+    kernel_n: Col | float = ZERO,
 ) -> Op:
     """A GEMM of a (k x n) weight split over t ranks on its output side, weighted by the share
-    of layers that have it; `saved` is what it keeps of its input for backward."""
+    of layers that have it; `saved` is what it keeps of its input for backward; `kernel_n` the
+    full width (before TP) of the fused kernel it runs in, if any."""
     return Op(
         name,
         "gemm",
@@ -108,6 +119,7 @@ def _column_parallel(
         saved=saved,
         gemm_k=k,
         gemm_n=n / t,
+        kernel_n=kernel_n / t,
         weight_bytes=share * 2.0 * k * n / t,
         kernels=np.where(share > 0, 1.0, 0.0) if kernels is None else kernels,
     )
@@ -163,9 +175,24 @@ def attention_ops(x: CostInputs) -> list[Op]:
             kernels=np.where(mla, 2.0 * a, 0.0),
         ),
         # Standard attention runs q, k and v as one fused GEMM (one kernel, one saved input).
-        _column_parallel("q_proj", q_in, qk, a, t, a * gemm_in * q_in / gathered_in),
         _column_parallel(
-            "kv_proj", kv_in, kv_out, a, t, a * gemm_in * kv_in / gathered_in * mla, a * mla
+            "q_proj",
+            q_in,
+            qk,
+            a,
+            t,
+            a * gemm_in * q_in / gathered_in,
+            kernel_n=np.where(mla, 0.0, qk + kv_out),
+        ),
+        _column_parallel(
+            "kv_proj",
+            kv_in,
+            kv_out,
+            a,
+            t,
+            a * gemm_in * kv_in / gathered_in * mla,
+            a * mla,
+            kernel_n=np.where(mla, 0.0, qk + kv_out),
         ),
         Op(
             "rope",

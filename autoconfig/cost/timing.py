@@ -56,16 +56,19 @@ from autoconfig.cost.layer import (
 from autoconfig.cost.memory import StageParams, stage_params
 
 # The output tile of one thread block in cuBLAS's large bf16 GEMM kernels on Ampere and Hopper
-# (256 x 128, the tile size their kernel names carry), the longer side along the tokens.
-TILE_TOKENS = 256.0
-TILE_N = 128.0
+# (256 x 128, the tile size their kernel names carry, M x N in cuBLAS's column-major terms: for
+# a linear layer M is the output features and N the tokens).
+TILE_TOKENS = 128.0
+TILE_N = 256.0
 
 
 def wave_utilization(tokens: Col, n: Col, sms: Col) -> Col:
-    """Share of the SMs a GEMM of `tokens` x `n` outputs keeps busy: its output tiles run in
-    waves of one tile per SM, and the last wave runs partly empty. A micro-batch of few tokens
-    under wide tensor parallelism makes fewer tiles than the GPU has SMs (4,096 tokens by 256
-    columns is 32 tiles for H100's 132 SMs). 1 where `sms` is 0 (not modelled)."""
+    """Share of SM slots a GEMM of `tokens` x `n` outputs fills over its waves: its output tiles
+    run one per SM at a time, so it takes ceil(tiles / sms) waves, and the last one runs partly
+    empty (tiles / (waves x sms)). A micro-batch of few tokens under wide tensor parallelism
+    makes fewer tiles than the GPU has SMs (4,096 tokens by 256 outputs is 32 tiles for H100's
+    132 SMs). cuBLAS picks smaller tiles or splits K for such shapes, so for very small ones
+    this is an upper bound of the loss. 1 where `sms` is 0 (not modelled)."""
     tiles = np.ceil(tokens / TILE_TOKENS) * np.ceil(np.maximum(n, 1.0) / TILE_N)
     full = np.ceil(tiles / np.maximum(sms, 1.0)) * np.maximum(sms, 1.0)
     return np.where(sms > 0, tiles / full, 1.0)
@@ -85,7 +88,8 @@ def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
         # A routed expert's GEMM sees only the tokens routed to it, not `tokens`: its waves
         # are left to the fitted efficiency.
         if not op.routed:
-            compute = compute / wave_utilization(tokens, op.gemm_n, x.sms)
+            width = np.where(np.asarray(op.kernel_n) > 0, op.kernel_n, op.gemm_n)
+            compute = compute / wave_utilization(tokens, width, x.sms)
         # Sub-16-bit GEMMs read 16-bit activations once more to quantize them.
         cast = np.where(x.gemm_bytes < 2.0, 2.0 + x.gemm_bytes, 0.0) * tokens * op.gemm_k
         cast = cast * op.present

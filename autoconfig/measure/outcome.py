@@ -11,7 +11,7 @@ from pathlib import Path
 from autoconfig.measure.launcher import Job
 from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
-from autoconfig.trainer.metrics import RunMetrics, read_metrics
+from autoconfig.trainer.metrics import LOST, RunMetrics, is_collateral, read_metrics
 from autoconfig.vocab import FailureClass
 
 
@@ -66,27 +66,32 @@ def _metrics(cfg: TrainConfig, run_dir: Path) -> RunMetrics:
     return assemble(cfg, run_dir, cfg.world)
 
 
-# A rank that lost its peer says so; the peer's own message is the cause worth reporting.
-COLLATERAL = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "wrote no result",
-    "KeyboardInterrupt",
-)
+def message_parts(message: str) -> list[str]:
+    """A run's message split into its ranks' parts."""
+    return [p.strip() for p in message.split("; ") if p.strip()]
 
 
 def _first(message: str) -> str:
     """The root cause first: ranks' own failures before their peers' lost connections."""
-    parts = [p.strip() for p in message.split("; ") if p.strip()]
-    parts.sort(key=lambda p: any(c in p for c in COLLATERAL))
+    parts = message_parts(message)
+    parts.sort(key=is_collateral)
     return "; ".join(parts).splitlines()[0] if parts else ""
 
 
 def only_collateral(outcome: Outcome) -> bool:
     """Whether every rank's failure is a lost peer or an interrupt: nothing the layout did."""
-    message = outcome.metrics.message if outcome.metrics else ""
-    parts = [p.strip() for p in message.split("; ") if p.strip()]
-    return bool(parts) and all(any(c in p for c in COLLATERAL) for p in parts)
+    parts = message_parts(outcome.metrics.message if outcome.metrics else "")
+    return bool(parts) and all(is_collateral(p) for p in parts)
+
+
+def lost_a_rank(outcome: Outcome) -> bool:
+    """Whether a crash is only a rank lost from outside: some rank left no result, and every
+    rank that did only lost its peers (a job in which no rank wrote anything, a broken setup
+    say, is not one)."""
+    if outcome.kind is not FailureClass.CRASH or not only_collateral(outcome):
+        return False
+    parts = message_parts(outcome.metrics.message if outcome.metrics else "")
+    return any(LOST in p for p in parts) and any(p.startswith("rank ") for p in parts)
 
 
 def _timing(run_dir: Path) -> list[dict]:

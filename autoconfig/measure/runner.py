@@ -21,6 +21,7 @@ from autoconfig.measure.outcome import (
     all_ranks_done,
     collect,
     finished_on_disk,
+    lost_a_rank,
     only_collateral,
 )
 from autoconfig.measure.sampler import chosen_layout, distributions, taken_keys
@@ -224,16 +225,23 @@ class Runner:
             self._tell(flight.trial, outcome)
 
     def _rerun(self, number: int, flight: Flight, outcome: Outcome) -> bool:
-        """A trial in which no rank failed on its own (one was killed from outside, by a
-        signal or the kernel, and its peers lost it) runs once more before it is called a
-        crash: one lost node or stray signal says nothing about the layout. Returns whether
-        the re-run was launched; False when this outcome is final."""
+        """A trial in which a rank was lost from outside (killed by a signal or the kernel,
+        leaving no result, while the ranks that wrote one only lost their peers) runs once
+        more before it is called a crash: one lost node or stray signal says nothing about the
+        layout. Returns whether the re-run was launched; False when this outcome is final."""
         trial = flight.trial
-        if outcome.kind is not FailureClass.CRASH or not only_collateral(outcome):
+        if not lost_a_rank(outcome):
             return False
-        if "rerun_after" in trial.user_attrs:  # this was the re-run: once is enough
-            first = trial.user_attrs["rerun_after"]
-            outcome.reason = f"{outcome.reason} | lost a rank on the first run too: {first}"[:1500]
+        first = trial.user_attrs.get("rerun_after")
+        if first is not None:  # this was the re-run: once is enough
+            outcome.reason = f"lost a rank on both runs; first run: {first} | this run: "
+            outcome.reason = (outcome.reason + str(outcome.metrics.message))[:1500]
+            return False
+        world = flight.cfg.world
+        spent = self.gpu_hours() + float(outcome.attrs.get("wall_s", 0.0)) * world / 3600
+        budget = self.settings.budget_gpu_hours
+        if budget is not None and spent >= budget:
+            outcome.reason = f"{outcome.reason} | not re-run: --budget-gpu-hours is spent"
             return False
         # The re-run is the layout as the search built it: a fault injected for a test is the
         # first run's accident, not the layout's.
@@ -243,13 +251,16 @@ class Runner:
         write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
         try:
             job = self.launcher.submit(cfg, run_dir)
-        except LaunchError:
+        except LaunchError as exc:
+            outcome.reason = f"{outcome.reason} | the re-run could not start: {exc}"[:1500]
             return False
-        trial.set_user_attr("rerun_after", outcome.reason[:500])
+        # The lost run's message (the rank that left nothing first), not its log tail.
+        trial.set_user_attr("rerun_after", str(outcome.metrics.message)[:500])
         trial.set_user_attr("lost_wall_s", outcome.attrs.get("wall_s", 0.0))
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("job_id", job.job_id)
         trial.set_user_attr("submitted", job.submitted)
+        trial.set_user_attr("started", None)  # a resume must not time the re-run from the first
         self.flights[number] = Flight(trial, flight.key, cfg, job, run_dir)
         label = trial.user_attrs.get("label", flight.key)
         self.progress.started(number, f"{label} (again: a rank was lost)")

@@ -9,7 +9,13 @@ from pathlib import Path
 from autoconfig import catalog
 from autoconfig.fileio import write_json
 from autoconfig.trainer.config import TrainConfig
-from autoconfig.trainer.metrics import RankMemory, RunMetrics, median_after_warmup
+from autoconfig.trainer.metrics import (
+    LOST,
+    RankMemory,
+    RunMetrics,
+    is_collateral,
+    median_after_warmup,
+)
 from autoconfig.trainer.prediction import CPU_PROFILE, predicted
 
 GPU_PROFILES = (  # substring of torch.cuda.get_device_name -> GPU profile
@@ -50,10 +56,13 @@ def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunM
     else:
         status = "error"
     said = [f"rank {i}: {r['message']}" for i, r in enumerate(ranks) if r and r["message"]]
-    messages = list(said)
+    # Ranks' own failures first, then the ranks that left nothing, then the peers that only
+    # lost them: the message is cut at 2,000 characters, and the causes must survive the cut.
+    messages = [m for m in said if not is_collateral(m)]
     missing = [str(i) for i, r in enumerate(ranks) if r is None]
     if missing:
-        messages.append(f"ranks {', '.join(missing)} wrote no result (killed or crashed)")
+        messages.append(f"ranks {', '.join(missing)} {LOST} (killed or crashed)")
+    messages += [m for m in said if is_collateral(m)]
     if failure and not said:  # the launcher's exit codes, when no rank said why
         messages.append(failure)
     first = next((r for r in ranks if r), None)
