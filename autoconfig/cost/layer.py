@@ -62,6 +62,11 @@ class Op:
         return np.asarray(self.flops) > 0
 
     @property
+    def tile_width(self) -> Col:
+        """Output width per rank of the kernel this GEMM runs in (its own, or its fused one's)."""
+        return np.where(np.asarray(self.kernel_n) > 0, self.kernel_n, self.gemm_n)
+
+    @property
     def activation_width(self) -> Col:
         """Elements per token a GEMM reads and writes besides its weights (k in, n out): none
         for a GEMM the layer lacks, which moves nothing."""
@@ -149,6 +154,7 @@ def attention_ops(x: CostInputs) -> list[Op]:
     kv_down = np.where(mla, x.kv_lora + x.rope_dim, 0.0)
     q_in = np.where(q_down > 0, q_down, h)
     kv_in = np.where(mla, x.kv_lora, h)
+    fused_qkv = np.where(mla, 0.0, qk + kv_out)  # MLA runs its projections apart
     s = x.seq  # with CP a rank's queries still attend to all keys
     span = attention_span(x)
     unfused = 1.0 - x.flash
@@ -175,6 +181,7 @@ def attention_ops(x: CostInputs) -> list[Op]:
             kernels=np.where(mla, 2.0 * a, 0.0),
         ),
         # Standard attention runs q, k and v as one fused GEMM (one kernel, one saved input).
+        # Its waves are counted on the fused width (timing.wave_utilization).
         _column_parallel(
             "q_proj",
             q_in,
@@ -182,7 +189,7 @@ def attention_ops(x: CostInputs) -> list[Op]:
             a,
             t,
             a * gemm_in * q_in / gathered_in,
-            kernel_n=np.where(mla, 0.0, qk + kv_out),
+            kernel_n=fused_qkv,
         ),
         _column_parallel(
             "kv_proj",
@@ -192,7 +199,7 @@ def attention_ops(x: CostInputs) -> list[Op]:
             t,
             a * gemm_in * kv_in / gathered_in * mla,
             a * mla,
-            kernel_n=np.where(mla, 0.0, qk + kv_out),
+            kernel_n=fused_qkv,
         ),
         Op(
             "rope",

@@ -88,8 +88,7 @@ def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
         # A routed expert's GEMM sees only the tokens routed to it, not `tokens`: its waves
         # are left to the fitted efficiency.
         if not op.routed:
-            width = np.where(np.asarray(op.kernel_n) > 0, op.kernel_n, op.gemm_n)
-            compute = compute / wave_utilization(tokens, width, x.sms)
+            compute = compute / wave_utilization(tokens, op.tile_width, x.sms)
         # Sub-16-bit GEMMs read 16-bit activations once more to quantize them.
         cast = np.where(x.gemm_bytes < 2.0, 2.0 + x.gemm_bytes, 0.0) * tokens * op.gemm_k
         cast = cast * op.present

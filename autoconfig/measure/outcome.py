@@ -90,7 +90,7 @@ def lost_a_rank(outcome: Outcome) -> bool:
     say, is not one)."""
     if outcome.kind is not FailureClass.CRASH or not only_collateral(outcome):
         return False
-    parts = message_parts(outcome.metrics.message if outcome.metrics else "")
+    parts = message_parts(outcome.metrics.message)  # only_collateral: there is a message
     return any(LOST in p for p in parts) and any(p.startswith("rank ") for p in parts)
 
 

@@ -148,22 +148,26 @@ class Runner:
         cfg = self.candidates.config(key)
         if fault:
             cfg = cfg.model_copy(update={"fault": fault})
-        run_dir = self.out / "trials" / f"{self.prefix}{trial.number:04d}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
         trial.set_user_attr("world", cfg.world)
-        trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("executor", self.launcher.kind)
         try:
-            job = self.launcher.submit(cfg, run_dir)
+            self._start(trial, key, cfg, self.out / "trials" / f"{self.prefix}{trial.number:04d}")
         except LaunchError as exc:
             self._tell(trial, Outcome(FailureClass.LAUNCH, str(exc)))
             return True
+        self.progress.started(trial.number, row["label"])
+        return True
+
+    def _start(self, trial: optuna.trial.Trial, key: str, cfg: TrainConfig, run_dir: Path) -> None:
+        """Write `cfg` into `run_dir`, submit it and watch it as the trial's flight; raises
+        LaunchError when the launcher refuses it."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
+        trial.set_user_attr("run_dir", str(run_dir))
+        job = self.launcher.submit(cfg, run_dir)
         trial.set_user_attr("job_id", job.job_id)
         trial.set_user_attr("submitted", job.submitted)
         self.flights[trial.number] = Flight(trial, key, cfg, job, run_dir)
-        self.progress.started(trial.number, row["label"])
-        return True
 
     def _peek_world(self) -> int:
         waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
@@ -220,11 +224,11 @@ class Runner:
                 self.settings.timeout_s,
             )
             del self.flights[number]
-            if self._rerun(number, flight, outcome):
+            if self._rerun(flight, outcome):
                 continue
             self._tell(flight.trial, outcome)
 
-    def _rerun(self, number: int, flight: Flight, outcome: Outcome) -> bool:
+    def _rerun(self, flight: Flight, outcome: Outcome) -> bool:
         """A trial in which a rank was lost from outside (killed by a signal or the kernel,
         leaving no result, while the ranks that wrote one only lost their peers) runs once
         more before it is called a crash: one lost node or stray signal says nothing about the
@@ -247,23 +251,17 @@ class Runner:
         # first run's accident, not the layout's.
         cfg = self.candidates.config(flight.key)
         run_dir = flight.run_dir.with_name(f"{flight.run_dir.name}-rerun")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
         try:
-            job = self.launcher.submit(cfg, run_dir)
+            self._start(trial, flight.key, cfg, run_dir)
         except LaunchError as exc:
             outcome.reason = f"{outcome.reason} | the re-run could not start: {exc}"[:1500]
             return False
         # The lost run's message (the rank that left nothing first), not its log tail.
         trial.set_user_attr("rerun_after", str(outcome.metrics.message)[:500])
         trial.set_user_attr("lost_wall_s", outcome.attrs.get("wall_s", 0.0))
-        trial.set_user_attr("run_dir", str(run_dir))
-        trial.set_user_attr("job_id", job.job_id)
-        trial.set_user_attr("submitted", job.submitted)
         trial.set_user_attr("started", None)  # a resume must not time the re-run from the first
-        self.flights[number] = Flight(trial, flight.key, cfg, job, run_dir)
         label = trial.user_attrs.get("label", flight.key)
-        self.progress.started(number, f"{label} (again: a rank was lost)")
+        self.progress.started(trial.number, f"{label} (again: a rank was lost)")
         return True
 
     def _tell(self, trial: optuna.trial.Trial, outcome: Outcome) -> None:

@@ -13,14 +13,9 @@ Status = Literal["ok", "oom", "error"]
 # Exit codes of `autoconfig train` / `python -m autoconfig.trainer` (2 is bad input).
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM = 0, 1, 2, 3
 
-# A rank that lost its peer says so; the peer's own message is the cause worth reporting.
-COLLATERAL = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "wrote no result",
-    "KeyboardInterrupt",
-)
 LOST = "wrote no result"  # how assemble.py names the ranks that left no result file
+# A rank that lost its peer says so; the peer's own message is the cause worth reporting.
+COLLATERAL = ("Connection closed by peer", "Connection reset by peer", LOST, "KeyboardInterrupt")
 
 
 def is_collateral(part: str) -> bool:
