@@ -15,15 +15,14 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 
-from autoconfig import catalog, resources
-from autoconfig.fit import fit_memory, fit_time
+from autoconfig import resources
+from autoconfig.fit import fit_memory
 from autoconfig.frame import read_training_rows
-from autoconfig.resolve import read_resolved
-from autoconfig.validation import THROUGHPUT_APART, load_training_runs, measured_throughput
+from autoconfig.leave_out import fit_time_constants
+from autoconfig.validation import load_training_runs, measured_throughput
 
 
 def fitted() -> dict:
@@ -33,18 +32,9 @@ def fitted() -> dict:
     fit_all = runs[runs["fit_set"]].reset_index(drop=True)  # failed runs inform memory only
     fit = fit_all[fit_all["status"] == "ok"].reset_index(drop=True)
     measured = measured_throughput(fit)
-    start = {g.chip: g.efficiency for g in catalog.gpus().values()}
-    rows, _ = read_resolved(fit)
-    chips = np.array(
-        ["" if e else h.gpu.chip for h, e in zip(rows.hardware, rows.errors, strict=True)]
-    )
     # Each source group counts once, whatever its size; the Playbook sweep, whose own repeats
     # disagree by more than 1.5x, is left to the memory fit and the ranking checks.
-    usable = measured.notna() & ~fit["source_group"].isin(THROUGHPUT_APART)
-    sizes = fit.loc[usable, "source_group"].value_counts()
-    weights = (1.0 / fit["source_group"].map(sizes)).where(usable, 0.0).to_numpy()
-    values = measured.where(usable).to_numpy(float)
-    constants, cost = fit_time(rows.inputs(), chips, values, start, weights=weights)
+    constants, cost, rows_by_chip = fit_time_constants(fit)
     mem_gb = pd.to_numeric(fit_all["measured_peak_mem_gb"], errors="coerce")
     all_rows = read_training_rows(fit_all)
     overhead, reserved = fit_memory(
@@ -59,9 +49,7 @@ def fitted() -> dict:
         "constants": constants,
         "memory_overhead": overhead,
         "memory_reserved_gb": reserved,
-        "rows_by_chip": {
-            c: int((chips[measured.notna().to_numpy()] == c).sum()) for c in constants
-        },
+        "rows_by_chip": rows_by_chip,
         "peak_rows": int(mem_gb.notna().sum()),
         "status_rows": len(fit_all),
     }

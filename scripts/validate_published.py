@@ -108,6 +108,11 @@ def main() -> None:
                 f"{head['ok_predicted_fit_%']:.1f}%. Runs that crashed or ran out of memory, "
                 f"predicted not to fit: {head['failed_predicted_not_fit_%']:.1f}%.",
                 "",
+                "Each group predicted by constants fitted without it, the test a source this "
+                "project does not ship puts to the model: "
+                "[validation_left_out.md](validation_left_out.md) "
+                "(`python scripts/validate_left_out.py`).",
+                "",
                 "## Throughput (tokens/s/GPU) by precision, A100/H100/H200",
                 "",
                 throughput.round(1).to_markdown(index=False),
