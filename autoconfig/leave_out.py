@@ -15,21 +15,25 @@ import pandas as pd
 
 from autoconfig import catalog
 from autoconfig.cost.evaluate import evaluate
-from autoconfig.fit import fit_time, gemm_class, with_params
+from autoconfig.fit import TIME_PARAMS, fit_time, gemm_class, with_params
 from autoconfig.frame import TrainingRows
 from autoconfig.resolve import read_resolved
+from autoconfig.specs import Efficiency
 from autoconfig.validation import THROUGHPUT_APART, measured_throughput
 
 FALLBACK_CHIP = "h100"  # what a family without fitted runs takes (scripts/fit_profiles.py)
 
 
-def fit_time_constants(runs: pd.DataFrame) -> tuple[dict[str, dict[str, float]], float, dict]:
+def fit_time_constants(
+    runs: pd.DataFrame, start: dict[str, Efficiency] | None = None
+) -> tuple[dict[str, dict[str, float]], float, dict]:
     """The time constants by chip fitted on `runs`' completed rows with a measured throughput,
-    each source group weighted once and the groups in THROUGHPUT_APART left out; with the
-    robust cost and the rows each chip was fitted on."""
+    each source group weighted once and the groups in THROUGHPUT_APART left out, from `start`
+    (the shipped constants when None); with the robust cost and the rows each chip was fitted
+    on."""
     fit = runs[runs["status"] == "ok"].reset_index(drop=True)
     measured = measured_throughput(fit)
-    start = {g.chip: g.efficiency for g in catalog.gpus().values()}
+    start = start or {g.chip: g.efficiency for g in catalog.gpus().values()}
     rows, _ = read_resolved(fit)
     chips = row_chips(rows)
     usable = measured.notna() & ~fit["source_group"].isin(THROUGHPUT_APART)
@@ -40,6 +44,13 @@ def fit_time_constants(runs: pd.DataFrame) -> tuple[dict[str, dict[str, float]],
     fitted_rows = measured.notna().to_numpy()
     counts = {c: int((chips[fitted_rows] == c).sum()) for c in constants}
     return constants, cost, counts
+
+
+def neutral_start() -> dict[str, Efficiency]:
+    """Every chip's constants at the middle of their physical ranges (fit.TIME_PARAMS): a
+    start that owes nothing to the shipped fit, which saw every group."""
+    middle = {name: (lo + hi) / 2 for name, (_, _, lo, hi) in TIME_PARAMS.items()}
+    return {g.chip: g.efficiency.model_copy(update=middle) for g in catalog.gpus().values()}
 
 
 def row_chips(rows: TrainingRows) -> np.ndarray:
@@ -80,14 +91,15 @@ def predict_with(
 
 def leave_group_out(runs: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
     """For each group in `groups`: the time constants refitted on the other groups' rows of
-    the calibration third, and this group's completed, measured rows predicted with them. One
-    row per predicted run: its group, GPU family, whether that family was fitted without the
-    group (else it took FALLBACK_CHIP's constants) and the absolute percentage error."""
+    the calibration third (from `neutral_start`), and this group's completed, measured rows
+    predicted with them. One row per predicted run: its group, GPU family, whether that family
+    was fitted without the group (else it took FALLBACK_CHIP's constants) and the absolute
+    percentage error."""
     measured = measured_throughput(runs)
     parts = []
     for group in groups:
         train = runs[runs["fit_set"] & (runs["source_group"] != group)]
-        constants, _, _ = fit_time_constants(train)
+        constants, _, _ = fit_time_constants(train, neutral_start())
         test = runs[(runs["source_group"] == group) & (runs["status"] == "ok") & measured.notna()]
         pred, chips = predict_with(test, constants)
         parts.append(

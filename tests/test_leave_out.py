@@ -72,6 +72,7 @@ def test_a_family_without_constants_takes_h100s_and_a_missing_format_the_wider_o
     assert "gemm_fp4" not in constants["h100"]  # the fit's own constants are not changed
 
 
+@pytest.mark.slow  # three refits of every time constant: about half a minute
 def test_each_group_is_predicted_by_a_fit_on_the_others_alone() -> None:
     left_out = leave_group_out(_runs(), ["slow", "fast", "bw"])
     by_group = left_out.groupby("source_group")["ape"]
