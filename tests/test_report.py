@@ -13,6 +13,7 @@ import pytest
 
 from autoconfig import api, catalog
 from autoconfig.report import files
+from autoconfig.report.html import accuracy_note
 from autoconfig.report.terminal import gpus_table
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -110,3 +111,23 @@ def test_the_gpus_table_shortens_provenance_at_whole_words() -> None:
         kept = cell.removesuffix(" ...")
         assert len(cell) <= 60 and clause.startswith(kept)
         assert cell == clause or clause[len(kept)] == " "  # cut between words
+
+
+def test_the_accuracy_note_leads_with_the_groups_and_the_left_out_figure() -> None:
+    acc = {
+        "rows": 1218,
+        "median_ape_pct": 52.7,
+        "within_20_pct": 38.1,
+        "median_ape_other_pct": 4.4,
+        "median_over_groups_pct": 7.2,
+        "source_groups": 9,
+    }
+    note = accuracy_note(acc)
+    assert note.startswith("Known accuracy") and "over 9 published source groups" in note
+    assert "7.2%" in note and "fitted without it" not in note
+    note = accuracy_note(acc | {"left_out_median_over_groups_pct": 17.7})
+    assert "fitted without it, 17.7%" in note
+    assert note.index("7.2%") < note.index("17.7%") < note.index("53%")
+    # An asset from before the group figures still reads.
+    old = {k: acc[k] for k in ["rows", "median_ape_pct", "within_20_pct", "median_ape_other_pct"]}
+    assert accuracy_note(old).startswith("Known accuracy (docs/validation.md): Over 1218 published")
