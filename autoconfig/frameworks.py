@@ -116,6 +116,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         grad_comm_bytes=2.0 if does.grad_reduce_bf16.value else 4.0,
         sp_saves_gathered=float(does.sp_saves_gathered.value),
         cost_split=float(does.splits_by_cost),
+        balanced_split=float(does.balances_by_hand),
     )
 
 

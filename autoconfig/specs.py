@@ -394,6 +394,11 @@ class FrameworkBehaviour(_Spec):
         return split
 
     @property
+    def balances_by_hand(self) -> bool:
+        """Pipeline stages balanced by hand against the embedding and the LM head."""
+        return self.pipeline_split.value == PipelineSplit.BALANCED
+
+    @property
     def splits_by_cost(self) -> bool:
         """Pipeline blocks placed by the framework's own compute-cost estimate."""
         return self.pipeline_split.value == PipelineSplit.COMPUTE_COST

@@ -46,6 +46,18 @@ SOURCE_FACTS: dict[str, dict[str, str]] = {
     "BLOOM": {"flash_attention": "n", "dropout": "n", "overlap_grad_reduce": "n"},
 }
 
+# Megatron-Bridge recipes (megatron-bridge 0.3.1, megatron/bridge/recipes/) that balance their
+# pipeline stages against the embedding and the loss: Llama 3.1 405B and Qwen3 235B-A22B set
+# account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split
+# (llama/llama3.py llama31_405b_pretrain_config, qwen/qwen3_moe.py
+# qwen3_235b_a22b_pretrain_config); DeepSeek-V3 and Kimi K2 set an explicit
+# pipeline_model_parallel_layout (deepseek/deepseek_v3.py, kimi/kimi_k2.py). The others split
+# evenly (gpt_oss/gpt_oss.py sets both account_for flags False; Llama 3 8B/70B and Qwen3
+# 30B-A3B leave them unset). Keyed by the start of the row's `model`, which names the recipe.
+BALANCED_PIPELINE_RECIPES = {
+    "Megatron-Bridge": ("LLAMA3.1_405B", "Qwen3_235B_a22B", "DeepSeekV3", "Kimi_K2"),
+}
+
 # torchtitan's `activation_checkpoint.mode = "selective"` defaults to selective_ac_option "op"
 # (torchtitan docs, activation checkpointing): op-level checkpointing, not Megatron's
 # attention-only selective recompute.
@@ -102,6 +114,11 @@ def load_training_runs(path: Path | None = None) -> pd.DataFrame:
     for group, meaning in RECOMPUTE_MEANING.items():
         rows = runs["source_group"] == group
         runs.loc[rows, "recompute"] = runs.loc[rows, "recompute"].replace(meaning)
+    if "balanced_pipeline" not in runs:
+        runs["balanced_pipeline"] = ""
+    for group, recipes in BALANCED_PIPELINE_RECIPES.items():
+        rows = (runs["source_group"] == group) & runs["model"].str.startswith(recipes)
+        runs.loc[rows, "balanced_pipeline"] = "y"
     runs["fit_set"] = runs["run_id"].map(in_fit_set)
     return runs
 
@@ -597,6 +614,7 @@ def headline(out: pd.DataFrame, groups: pd.DataFrame) -> dict[str, float]:
     measured = out[measured_rows(out)]
     return {
         "median_over_groups_%": float(targeted["model_median_ape_%"].median()),
+        "held_out_median_over_groups_%": float(targeted["held_out_median_ape_%"].median()),
         "guess_median_over_groups_%": float(targeted["guess_median_ape_%"].median()),
         "coverage_%": 100 * float((measured["error"] == "").mean()),
         "ok_predicted_fit_%": 100 * float(ok["pred_fits"].astype(bool).mean()),

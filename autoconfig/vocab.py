@@ -160,10 +160,14 @@ class Position(Choice):
 
 
 class PipelineSplit(Choice):
-    """How a framework cuts its pipeline: layers/pp per stage (uneven only by explicit flags),
+    """How a framework cuts its pipeline: layers/pp per stage with the embedding and the LM
+    head on top of the first and last (uneven only by explicit flags), whole layers balanced
+    by hand against the embedding and the head (Megatron's --account-for-embedding-in-
+    pipeline-split and --account-for-loss-in-pipeline-split, or an explicit pipeline layout),
     or blocks placed in order by its own per-block cost estimate (nanotron)."""
 
     EVEN = "even"
+    BALANCED = "balanced"
     COMPUTE_COST = "compute_cost"
 
 

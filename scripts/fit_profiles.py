@@ -21,8 +21,8 @@ import yaml
 from autoconfig import resources
 from autoconfig.fit import fit_memory
 from autoconfig.frame import read_training_rows
-from autoconfig.leave_out import fit_time_constants
-from autoconfig.validation import load_training_runs, measured_throughput
+from autoconfig.leave_out import FALLBACK_CHIP, fit_time_constants
+from autoconfig.validation import THROUGHPUT_APART, load_training_runs, measured_throughput
 
 
 def fitted() -> dict:
@@ -40,9 +40,10 @@ def fitted() -> dict:
     overhead, reserved = fit_memory(
         all_rows.inputs(), (all_rows.errors == "").to_numpy(), fit_all, mem_gb
     )
-    groups = ", ".join(sorted(fit.loc[measured.notna(), "source_group"].unique()))
+    weighed = measured.notna() & ~fit["source_group"].isin(THROUGHPUT_APART)
+    groups = ", ".join(sorted(fit.loc[weighed, "source_group"].unique()))
     print(
-        f"fitted on {int(measured.notna().sum())} throughput rows ({groups}); "
+        f"fitted on {int(weighed.sum())} throughput rows ({groups}); "
         f"{int(mem_gb.notna().sum())} peak-memory rows; robust cost {cost:.3f}"
     )
     return {
@@ -64,7 +65,7 @@ def write_profiles(fit: dict) -> None:
         chip = data["chip"]
         if chip == "cpu":  # the trainer's CPU profile is refitted from its own runs by calibrate
             continue
-        source_chip = chip if chip in constants else "h100"
+        source_chip = chip if chip in constants else FALLBACK_CHIP
         eff = data["efficiency"]
         eff.update({k: round(v, 5) for k, v in constants[source_chip].items()})
         eff["memory_overhead"] = round(fit["memory_overhead"], 5)

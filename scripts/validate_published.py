@@ -213,6 +213,7 @@ def main() -> None:
                 "median_over_groups_pct": round(head["median_over_groups_%"], 1),
                 "coverage_pct": round(head["coverage_%"], 1),
                 "source_groups": int(groups["throughput_target"].sum()),
+                "held_out_median_over_groups_pct": round(head["held_out_median_over_groups_%"], 1),
             },
             indent=2,
         )

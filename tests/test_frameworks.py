@@ -12,8 +12,9 @@ from conftest import assert_user_error, make_inputs, run_cli
 from autoconfig import api, catalog, frameworks, layout
 from autoconfig.cost import evaluate
 from autoconfig.cost.inputs import last_stage_layers, last_stage_rank, stage_layers
+from autoconfig.cost.layer import head_ops
 from autoconfig.cost.memory import in_flight, memory
-from autoconfig.cost.timing import step_time
+from autoconfig.cost.timing import _fwd_bwd, step_time
 from autoconfig.errors import UserError
 from autoconfig.report import exports
 from autoconfig.resolve import read_resolved
@@ -391,11 +392,57 @@ def test_a_cost_split_pipeline_runs_at_the_pace_of_its_busiest_rank() -> None:
 
 def test_frameworks_state_how_they_cut_the_pipeline() -> None:
     assert float(frameworks.behaviour(catalog.get_framework("nanotron"), "bf16").cost_split) == 1.0
-    assert float(frameworks.behaviour(catalog.get_framework("megatron"), "bf16").cost_split) == 0.0
+    megatron = frameworks.behaviour(catalog.get_framework("megatron"), "bf16")
+    assert float(megatron.cost_split) == 0.0 and float(megatron.balanced_split) == 0.0
     raw = catalog.get_framework("nanotron").model_dump()
+    raw["does"]["pipeline_split"] = {"value": "balanced", "source": "a test"}
+    assert float(frameworks.behaviour(FrameworkSpec.model_validate(raw), "bf16").balanced_split)
     raw["does"]["pipeline_split"] = {"value": "by_hand", "source": "a test"}
-    with pytest.raises(ValueError, match="pipeline_split must be even or compute_cost"):
+    with pytest.raises(ValueError, match="pipeline_split must be even, balanced or compute_cost"):
         FrameworkSpec.model_validate(raw)
+
+
+def test_the_last_stage_adds_the_head_unless_the_stages_are_balanced_by_hand() -> None:
+    # llama3-8b on 4 stages: 8 layers each, and an LM head of 128k words worth about 2.4
+    # layers on the last. The even split (Megatron-Core's default, what --emit writes) runs at
+    # that stage's pace; balanced by hand, whole layers share the load.
+    shape = {"pp": 4.0, "dp": 1.0, "gbs": 8.0}
+    even = make_inputs("llama3-8b", gpu="h100-sxm-80gb", **shape)
+    balanced = make_inputs("llama3-8b", gpu="h100-sxm-80gb", balanced_split=1.0, **shape)
+    f_head, b_head = _fwd_bwd(even, head_ops(even), even.mbs * even.seq)
+    slots = []
+    for x in (even, balanced):
+        t = step_time(x)
+        slots.append(float((t.compute + t.launch + t.tp_comm) / 8.0))
+        layer = float(t.layer_fwd + t.layer_bwd)
+    assert slots[0] == pytest.approx(8.0 * layer + float(f_head + b_head), rel=1e-6)
+    assert slots[1] < slots[0]
+    assert slots[1] / layer == pytest.approx(round(slots[1] / layer), abs=1e-6)  # whole layers
+
+
+def test_a_published_row_of_a_balancing_recipe_runs_balanced() -> None:
+    row = {
+        "model": "llama3-8b",
+        "layers": "",
+        "hidden": "",
+        "heads": "",
+        "vocab": "",
+        "seq_len": 8192,
+        "gpu": "h100-sxm-80gb",
+        "num_gpus": 4,
+        "tp": 1,
+        "pp": 4,
+        "mbs": 1,
+        "gbs": 8,
+        "framework": "megatron",
+        "zero": 1,
+        "recompute": "none",
+    }
+    runs = pd.DataFrame([row, row | {"balanced_pipeline": "y"}]).astype(str)
+    runs.loc[0, "balanced_pipeline"] = ""
+    out = api.estimate_frame(runs)
+    even, balanced = out["pred_step_time_s"].astype(float)
+    assert balanced < even
 
 
 def test_a_stated_none_is_a_value_not_a_blank() -> None:

@@ -1,5 +1,6 @@
 """The leave-one-source-group-out check: a group is predicted by constants fitted without it,
-and a GPU family only it measured takes the h100 constants."""
+from a start that owes nothing to the shipped fit, and a GPU family no other group measured
+takes the h100 constants."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import pandas as pd
 import pytest
 
 from autoconfig import catalog
-from autoconfig.fit import TIME_PARAMS
-from autoconfig.leave_out import complete, leave_group_out, left_out_table, predict_with
+from autoconfig.fit import GEMM_CLASSES, TIME_PARAMS
+from autoconfig.leave_out import (
+    constants_for_chips,
+    leave_group_out,
+    left_out_table,
+    neutral_start,
+    predict_with,
+)
 
 LAYOUTS = [(1, 8, 1), (2, 4, 1), (4, 2, 2), (8, 1, 4)]  # tp, dp, micro-batch
 
@@ -63,26 +70,61 @@ def _runs() -> pd.DataFrame:
     return runs
 
 
+def _refit(**changes: float) -> dict[str, float]:
+    """A refit's constants for one chip: every non-GEMM constant, with `changes`."""
+    base = {name: 0.5 for name in TIME_PARAMS if name not in GEMM_CLASSES}
+    return base | changes
+
+
 def test_a_family_without_constants_takes_h100s_and_a_missing_format_the_wider_ones() -> None:
-    constants = {"h100": {"gemm": 0.7, "gemm_fp8": 0.6, "attention": 0.3}, "a100": {"gemm": 0.65}}
-    out = complete(constants, {"h100", "a100", "b300"})
-    assert out["b300"] == {"gemm": 0.7, "gemm_fp8": 0.6, "gemm_fp4": 0.6, "attention": 0.3}
-    assert out["a100"] == {"gemm": 0.65, "gemm_fp8": 0.65, "gemm_fp4": 0.65}
-    assert out["h100"]["gemm_fp4"] == 0.6
+    h100 = _refit(gemm=0.7, gemm_fp8=0.6)
+    constants = {"h100": h100, "a100": _refit(gemm=0.65), "b200": _refit(gemm_fp8=0.55)}
+    out = constants_for_chips(constants, {"h100", "a100", "b200", "b300"})
+    assert out["b300"] == h100 | {"gemm_fp4": 0.6}
+    assert (out["a100"]["gemm_fp8"], out["a100"]["gemm_fp4"]) == (0.65, 0.65)
+    # b200 measured only fp8: its 16-bit GEMMs take h100's, its fp4 its own fp8
+    assert (out["b200"]["gemm"], out["b200"]["gemm_fp4"]) == (0.7, 0.55)
     assert "gemm_fp4" not in constants["h100"]  # the fit's own constants are not changed
+
+
+def test_a_refit_that_lacks_a_constant_or_the_fallback_family_is_refused() -> None:
+    with pytest.raises(ValueError, match="no h100 constants"):
+        constants_for_chips({"a100": _refit(gemm=0.65)}, {"a100"})
+    partial = {"h100": {"gemm": 0.7, "attention": 0.3}}  # the shipped memory etc. would stay
+    with pytest.raises(ValueError, match="h100: the refit lacks"):
+        constants_for_chips(partial, {"h100"})
+
+
+def test_a_chip_without_refit_constants_is_predicted_with_h100s_not_its_shipped_ones() -> None:
+    runs = _runs()
+    bw = runs[runs["source_group"] == "bw"]
+    h100 = _shipped()["h100"]
+    alone, _ = predict_with(bw, {"h100": h100})
+    as_h100, _ = predict_with(bw, {"h100": h100, "b200": h100})
+    shipped, _ = predict_with(bw, _shipped())
+    assert np.allclose(alone, as_h100)
+    assert not np.allclose(alone, shipped, rtol=1e-3)
+
+
+def test_the_left_out_fit_starts_from_the_middle_of_every_constants_range() -> None:
+    for efficiency in neutral_start().values():
+        for name, (_, _, lo, hi) in TIME_PARAMS.items():
+            assert getattr(efficiency, name) == pytest.approx((lo + hi) / 2)
 
 
 @pytest.mark.slow  # three refits of every time constant: about half a minute
 def test_each_group_is_predicted_by_a_fit_on_the_others_alone() -> None:
     left_out = leave_group_out(_runs(), ["slow", "fast", "bw"])
     by_group = left_out.groupby("source_group")["ape"]
-    # Fitted on 'fast' and 'bw' alone, the shipped constants stay: 'slow' ran at half of them.
+    # Fitted on 'fast' and 'bw' alone, the refit reproduces the shipped predictions on these
+    # layouts: 'slow' ran at half of them.
     assert by_group.median()["slow"] == pytest.approx(1.0, abs=0.03)
     # Fitted on 'slow' (and 'bw'), h100's constants move towards half speed: 'fast' is missed.
     assert by_group.median()["fast"] > 0.1
     table = left_out_table(left_out).set_index("source_group")
-    assert table.loc["bw", "families_only_it_measured"] == "b200"
-    assert table.loc["slow", "families_only_it_measured"] == "-"
+    assert table.loc["bw", "families_from_h100_fit"] == "b200"
+    assert table.loc["slow", "families_from_h100_fit"] == "-"
+    assert (table["predicted_%"] == 100.0).all()
     assert not left_out.loc[left_out["source_group"] == "bw", "chip_fitted"].any()
     assert left_out.loc[left_out["source_group"] != "bw", "chip_fitted"].all()
     assert (table["rows"] == len(LAYOUTS)).all()

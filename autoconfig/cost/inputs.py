@@ -121,6 +121,10 @@ class CostInputs:
     # 1 where the framework places pipeline blocks by its own compute-cost estimate (nanotron),
     # 0 where layers split evenly over the stages.
     cost_split: Col
+    # 1 where whole layers are balanced by hand against the embedding and the LM head (a
+    # recipe's --account-for-*-in-pipeline-split or explicit layout), 0 where each stage
+    # holds layers/pp and the first and last add the embedding and the head.
+    balanced_split: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -173,6 +177,7 @@ OPTIONAL_COLUMNS = {
     "optim_bytes": 12.0,
     "sp_saves_gathered": 0.0,
     "cost_split": 0.0,
+    "balanced_split": 0.0,
     "etp": 1.0,
 }
 

@@ -280,16 +280,18 @@ def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_ex
     """Compute time per micro-batch of the slowest pipeline rank.
 
     A framework that places blocks by its own compute-cost estimate (nanotron) runs exactly
-    that split (inputs.stage_layers, inputs.last_stage_layers). Otherwise an even split puts
-    layers/pp layers on every rank plus the LM head (and loss) on the last, and frameworks
-    can balance the head against layers by hand (Megatron-LM's
-    --account-for-loss-in-pipeline-split and --decoder-last-pipeline-num-layers), so the busiest
-    rank is the better of the two: the even split, or whole layers summing to the balanced share
-    of the total.
+    that split (inputs.stage_layers, inputs.last_stage_layers). Otherwise the layers split
+    evenly and the last rank adds the LM head and loss, as Megatron-Core, NeMo, torchtitan and
+    Megatron-DeepSpeed's type:transformer partition do unless told otherwise. Where the stages
+    are balanced by hand against the head (a recipe's --account-for-loss-in-pipeline-split or
+    explicit pipeline layout: `balanced_split`), the busiest rank is the better of the even
+    split and whole layers summing to the balanced share of the total.
     """
     even = per_stage * layer + last_extra
     balanced = np.ceil((x.layers * layer + ends) / (x.pp * layer) - 1e-9) * layer
-    by_hand = np.where(x.pp > 1, np.minimum(even, np.maximum(balanced, ends)), even)
+    by_hand = np.where(
+        (x.pp > 1) & (x.balanced_split > 0), np.minimum(even, np.maximum(balanced, ends)), even
+    )
     by_cost = np.maximum(per_stage * layer, last_stage_layers(x) * layer + last_extra)
     return np.where(splits_by_cost(x), by_cost, by_hand)
 
