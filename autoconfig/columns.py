@@ -59,6 +59,7 @@ class Behaviour:
     sp_saves_gathered: Values = 0.0  # SP keeps the all-gathered block inputs (torch DTensor)
     cost_split: Values = 0.0  # pipeline blocks placed by the framework's compute-cost estimate
     balanced_split: Values = 0.0  # stages balanced by hand against the embedding and LM head
+    ends_split: Values = 0.0  # the embedding and LM head each count as a layer in the split
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

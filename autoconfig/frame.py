@@ -347,6 +347,7 @@ BEHAVIOUR_FLAGS = {
     "fused_kernels": "fused_kernels",
     "sp_saves_gathered": "sp_saves_gathered",
     "balanced_pipeline": "balanced_split",
+    "pipeline_ends_as_layers": "ends_split",
 }
 # What "unknown" may stand for in a published row, resolved to the framework's best choice.
 RESOLVABLE = ("zero", "recompute", "sp", "vp", "etp")

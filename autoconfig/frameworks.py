@@ -117,6 +117,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         sp_saves_gathered=float(does.sp_saves_gathered.value),
         cost_split=float(does.splits_by_cost),
         balanced_split=float(does.balances_by_hand),
+        ends_split=float(does.counts_ends_as_layers),
     )
 
 

@@ -158,7 +158,16 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 "--pipeline-model-parallel-size {pp}",
                 "--decoder-last-pipeline-num-layers {uneven_last_stage_layers}",
             ),
-            NEMO: "recipe.trainer.strategy.pipeline_model_parallel_size = {pp}",
+            NEMO: (
+                "recipe.trainer.strategy.pipeline_model_parallel_size = {pp}",
+                "recipe.model.config.num_layers_in_last_pipeline_stage = "
+                "{uneven_last_stage_layers}",
+                # some recipes count the embedding and loss as layers (Llama 3.1 405B): the
+                # prediction is for the even split
+                "recipe.trainer.strategy.account_for_embedding_in_pipeline_split = "
+                "{nemo_even_split}",
+                "recipe.trainer.strategy.account_for_loss_in_pipeline_split = {nemo_even_split}",
+            ),
             TORCHTITAN: (
                 "pipeline_parallel_degree = {pp}",
                 'pipeline_parallel_schedule = "{pipeline_schedule}"',

@@ -399,6 +399,11 @@ class FrameworkBehaviour(_Spec):
         return self.pipeline_split.value == PipelineSplit.BALANCED
 
     @property
+    def counts_ends_as_layers(self) -> bool:
+        """The embedding and the LM head each count as one layer in the even split."""
+        return self.pipeline_split.value == PipelineSplit.ENDS_AS_LAYERS
+
+    @property
     def splits_by_cost(self) -> bool:
         """Pipeline blocks placed by the framework's own compute-cost estimate."""
         return self.pipeline_split.value == PipelineSplit.COMPUTE_COST

@@ -46,16 +46,24 @@ SOURCE_FACTS: dict[str, dict[str, str]] = {
     "BLOOM": {"flash_attention": "n", "dropout": "n", "overlap_grad_reduce": "n"},
 }
 
-# Megatron-Bridge recipes (megatron-bridge 0.3.1, megatron/bridge/recipes/) that balance their
-# pipeline stages against the embedding and the loss: Llama 3.1 405B and Qwen3 235B-A22B set
-# account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split
-# (llama/llama3.py llama31_405b_pretrain_config, qwen/qwen3_moe.py
-# qwen3_235b_a22b_pretrain_config); DeepSeek-V3 and Kimi K2 set an explicit
-# pipeline_model_parallel_layout (deepseek/deepseek_v3.py, kimi/kimi_k2.py). The others split
-# evenly (gpt_oss/gpt_oss.py sets both account_for flags False; Llama 3 8B/70B and Qwen3
-# 30B-A3B leave them unset). Keyed by the start of the row's `model`, which names the recipe.
-BALANCED_PIPELINE_RECIPES = {
-    "Megatron-Bridge": ("LLAMA3.1_405B", "Qwen3_235B_a22B", "DeepSeekV3", "Kimi_K2"),
+# How Megatron-Bridge's recipes (megatron-bridge 0.3.1, megatron/bridge/recipes/) cut their
+# pipelines where they do not split evenly, keyed by the start of the row's `model`, which names
+# the recipe (so "DeepSeekV3 (tokendrop)" is DeepSeek-V3's):
+# - Llama 3.1 405B and Qwen3 235B-A22B set account_for_embedding_in_pipeline_split and
+#   account_for_loss_in_pipeline_split (llama/llama3.py llama31_405b_pretrain_config,
+#   qwen/qwen3_moe.py qwen3_235b_a22b_pretrain_config): the embedding and the loss count as a
+#   layer each;
+# - DeepSeek-V3 and Kimi K2 set an explicit pipeline_model_parallel_layout
+#   (deepseek/deepseek_v3.py, kimi/kimi_k2.py) for the (pp, vp) pairs of their maps. Their 61
+#   layers divide evenly over no pipeline the rows use, so the rows outside the maps ((2, 8),
+#   (2, 4) and (8, 4) for DeepSeek-V3) ran a layout too; taken as placed by hand.
+# The others split evenly: gpt_oss/gpt_oss.py sets both account_for flags False, and the Llama 3
+# 8B/70B and Qwen3 30B-A3B recipes leave them unset. A row's own column wins.
+PIPELINE_SPLIT_RECIPES = {
+    "Megatron-Bridge": {
+        "pipeline_ends_as_layers": ("LLAMA3.1_405B", "Qwen3_235B_a22B"),
+        "balanced_pipeline": ("DeepSeekV3", "Kimi_K2"),
+    },
 }
 
 # torchtitan's `activation_checkpoint.mode = "selective"` defaults to selective_ac_option "op"
@@ -114,11 +122,12 @@ def load_training_runs(path: Path | None = None) -> pd.DataFrame:
     for group, meaning in RECOMPUTE_MEANING.items():
         rows = runs["source_group"] == group
         runs.loc[rows, "recompute"] = runs.loc[rows, "recompute"].replace(meaning)
-    if "balanced_pipeline" not in runs:
-        runs["balanced_pipeline"] = ""
-    for group, recipes in BALANCED_PIPELINE_RECIPES.items():
-        rows = (runs["source_group"] == group) & runs["model"].str.startswith(recipes)
-        runs.loc[rows, "balanced_pipeline"] = "y"
+    for group, columns in PIPELINE_SPLIT_RECIPES.items():
+        for column, recipes in columns.items():
+            if column not in runs:
+                runs[column] = ""
+            rows = (runs["source_group"] == group) & runs["model"].str.startswith(recipes)
+            runs.loc[rows & (runs[column] == ""), column] = "y"
     runs["fit_set"] = runs["run_id"].map(in_fit_set)
     return runs
 

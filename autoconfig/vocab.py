@@ -160,13 +160,19 @@ class Position(Choice):
 
 
 class PipelineSplit(Choice):
-    """How a framework cuts its pipeline: layers/pp per stage with the embedding and the LM
-    head on top of the first and last (uneven only by explicit flags), whole layers balanced
-    by hand against the embedding and the head (Megatron's --account-for-embedding-in-
-    pipeline-split and --account-for-loss-in-pipeline-split, or an explicit pipeline layout),
-    or blocks placed in order by its own per-block cost estimate (nanotron)."""
+    """How a framework cuts its pipeline:
+    - even: layers/pp per stage, the last stage short of the remainder when pp does not divide
+      them (Megatron's --decoder-last-pipeline-num-layers), the embedding and the LM head on
+      top of the first and the last;
+    - ends_as_layers: the embedding and the LM head each counted as one layer in that split
+      (Megatron's --account-for-embedding/loss-in-pipeline-split, torchtitan's
+      pipeline_parallel_first/last_stage_less_layers);
+    - balanced: whole layers placed by hand against what the embedding and head cost (an
+      explicit pipeline layout);
+    - compute_cost: blocks placed in order by the framework's own cost estimate (nanotron)."""
 
     EVEN = "even"
+    ENDS_AS_LAYERS = "ends_as_layers"
     BALANCED = "balanced"
     COMPUTE_COST = "compute_cost"
 

@@ -19,6 +19,7 @@ from autoconfig.errors import UserError
 from autoconfig.report import exports
 from autoconfig.resolve import read_resolved
 from autoconfig.specs import FrameworkSpec
+from autoconfig.validation import load_training_runs
 
 
 def test_megatron_search_never_proposes_zero2_or_fsdp_with_pipelining() -> None:
@@ -391,36 +392,50 @@ def test_a_cost_split_pipeline_runs_at_the_pace_of_its_busiest_rank() -> None:
 
 
 def test_frameworks_state_how_they_cut_the_pipeline() -> None:
-    assert float(frameworks.behaviour(catalog.get_framework("nanotron"), "bf16").cost_split) == 1.0
-    megatron = frameworks.behaviour(catalog.get_framework("megatron"), "bf16")
-    assert float(megatron.cost_split) == 0.0 and float(megatron.balanced_split) == 0.0
+    def split(name: str) -> tuple[float, float, float]:
+        b = frameworks.behaviour(catalog.get_framework(name), "bf16")
+        return float(b.cost_split), float(b.balanced_split), float(b.ends_split)
+
+    assert split("nanotron") == (1.0, 0.0, 0.0)
+    assert split("megatron") == split("nemo") == (0.0, 0.0, 0.0)
+    assert split("torchtitan") == (0.0, 0.0, 1.0)
     raw = catalog.get_framework("nanotron").model_dump()
     raw["does"]["pipeline_split"] = {"value": "balanced", "source": "a test"}
     assert float(frameworks.behaviour(FrameworkSpec.model_validate(raw), "bf16").balanced_split)
     raw["does"]["pipeline_split"] = {"value": "by_hand", "source": "a test"}
-    with pytest.raises(ValueError, match="pipeline_split must be even, balanced or compute_cost"):
+    allowed = "even, ends_as_layers, balanced or compute_cost"
+    with pytest.raises(ValueError, match=f"pipeline_split must be {allowed}"):
         FrameworkSpec.model_validate(raw)
 
 
-def test_the_last_stage_adds_the_head_unless_the_stages_are_balanced_by_hand() -> None:
-    # llama3-8b on 4 stages: 8 layers each, and an LM head of 128k words worth about 2.4
-    # layers on the last. The even split (Megatron-Core's default, what --emit writes) runs at
-    # that stage's pace; balanced by hand, whole layers share the load.
-    shape = {"pp": 4.0, "dp": 1.0, "gbs": 8.0}
-    even = make_inputs("llama3-8b", gpu="h100-sxm-80gb", **shape)
-    balanced = make_inputs("llama3-8b", gpu="h100-sxm-80gb", balanced_split=1.0, **shape)
-    f_head, b_head = _fwd_bwd(even, head_ops(even), even.mbs * even.seq)
-    slots = []
-    for x in (even, balanced):
-        t = step_time(x)
-        slots.append(float((t.compute + t.launch + t.tp_comm) / 8.0))
-        layer = float(t.layer_fwd + t.layer_bwd)
-    assert slots[0] == pytest.approx(8.0 * layer + float(f_head + b_head), rel=1e-6)
-    assert slots[1] < slots[0]
-    assert slots[1] / layer == pytest.approx(round(slots[1] / layer), abs=1e-6)  # whole layers
+def _slot(model: str, **layout: float) -> tuple[float, float, float]:
+    """(busiest stage time per micro-batch, one layer's, the head's) on h100, tp 1."""
+    x = make_inputs(model, gpu="h100-sxm-80gb", dp=1.0, gbs=8.0, **layout)
+    t = step_time(x)
+    f_head, b_head = _fwd_bwd(x, head_ops(x), x.mbs * x.seq)
+    m = 8.0
+    slot = float((t.compute + t.launch + t.tp_comm) / m)
+    return slot, float(t.layer_fwd + t.layer_bwd), float(f_head + b_head)
 
 
-def test_a_published_row_of_a_balancing_recipe_runs_balanced() -> None:
+def test_each_way_of_cutting_the_pipeline_puts_the_head_where_the_framework_does() -> None:
+    # llama3-8b: 32 layers, an LM head of 128k words worth almost 3 layers.
+    slot, layer, head = _slot("llama3-8b", pp=4.0)
+    assert slot == pytest.approx(8 * layer + head, rel=1e-6)  # even: 8 each, the head on top
+    # 3 stages: 11, 11 and 10 + the head (Megatron's --decoder-last-pipeline-num-layers 10)
+    slot, layer, head = _slot("llama3-8b", pp=3.0)
+    assert slot == pytest.approx(max(11 * layer, 10 * layer + head), rel=1e-6)
+    # the embedding and head counted as a layer each (torchtitan's default, Megatron's
+    # --account-for-*): 34 units over 4 stages, so 9, 9, 8 and 7 + the head
+    slot, layer, head = _slot("llama3-8b", pp=4.0, ends_split=1.0)
+    assert slot == pytest.approx(max(9 * layer, 7 * layer + head), rel=1e-6)
+    # placed by hand: whole layers, and no slower than the even split
+    even, _, _ = _slot("llama3-8b", pp=4.0)
+    slot, layer, _ = _slot("llama3-8b", pp=4.0, balanced_split=1.0)
+    assert slot < even and slot / layer == pytest.approx(round(slot / layer), abs=1e-6)
+
+
+def test_a_row_stating_how_it_cut_its_pipeline_is_predicted_so() -> None:
     row = {
         "model": "llama3-8b",
         "layers": "",
@@ -432,17 +447,33 @@ def test_a_published_row_of_a_balancing_recipe_runs_balanced() -> None:
         "num_gpus": 4,
         "tp": 1,
         "pp": 4,
+        "vp": 1,
         "mbs": 1,
         "gbs": 8,
         "framework": "megatron",
         "zero": 1,
         "recompute": "none",
+        "balanced_pipeline": "",
+        "pipeline_ends_as_layers": "",
     }
-    runs = pd.DataFrame([row, row | {"balanced_pipeline": "y"}]).astype(str)
-    runs.loc[0, "balanced_pipeline"] = ""
-    out = api.estimate_frame(runs)
-    even, balanced = out["pred_step_time_s"].astype(float)
-    assert balanced < even
+    runs = pd.DataFrame(
+        [row, row | {"pipeline_ends_as_layers": "y"}, row | {"balanced_pipeline": "y"}]
+    ).astype(str)
+    even, counted, balanced = api.estimate_frame(runs)["pred_step_time_s"].astype(float)
+    assert balanced < counted < even
+
+
+def test_megatron_bridge_rows_take_their_recipes_pipeline_split(tmp_path) -> None:
+    names = ["LLAMA3.1_405B", "Qwen3_235B_a22B (tokendrop)", "DeepSeekV3 (w/o MTP)", "GPT OSS 120B"]
+    group = {"source_group": "Megatron-Bridge", "recompute": ""}
+    rows = [group | {"run_id": n, "model": n} for n in names]
+    rows.append(group | {"run_id": "x", "source_group": "NeMo", "model": "LLAMA3.1_405B"})
+    rows.append(group | {"run_id": "y", "model": "Kimi_K2"})
+    frame = pd.DataFrame(rows).assign(balanced_pipeline=["", "", "", "", "", "n"])
+    frame.to_csv(tmp_path / "runs.csv", index=False)
+    runs = load_training_runs(tmp_path / "runs.csv").set_index("run_id")
+    assert runs["pipeline_ends_as_layers"].tolist() == ["y", "y", "", "", "", ""]
+    assert runs["balanced_pipeline"].tolist() == ["", "", "y", "", "", "n"]  # a row's own wins
 
 
 def test_a_stated_none_is_a_value_not_a_blank() -> None:

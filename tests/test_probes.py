@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pandas as pd
 import pytest
@@ -372,10 +373,11 @@ def test_a_measured_search_where_every_trial_crashes_reports_and_can_be_rerun(
 
 @pytest.mark.parametrize(("layers", "pp", "last"), [(8, 6, 3), (8, 3, 2), (10, 4, 1), (7, 7, 1)])
 def test_megatron_uneven_last_stage_is_a_positive_split(layers, pp, last) -> None:
-    from autoconfig.report.exports import _last_stage_layers
+    from autoconfig.cost.inputs import even_split_layers
 
-    assert _last_stage_layers(layers, pp) == last
-    assert (layers - last) % (pp - 1) == 0 and (layers - last) // (pp - 1) >= 1
+    per, got = (int(v) for v in even_split_layers(np.float64(layers), np.float64(pp)))
+    assert got == last
+    assert (layers - last) % (pp - 1) == 0 and (layers - last) // (pp - 1) == per >= 1
 
 
 def test_search_emits_no_negative_layer_count(capsys) -> None:

@@ -121,10 +121,12 @@ class CostInputs:
     # 1 where the framework places pipeline blocks by its own compute-cost estimate (nanotron),
     # 0 where layers split evenly over the stages.
     cost_split: Col
-    # 1 where whole layers are balanced by hand against the embedding and the LM head (a
-    # recipe's --account-for-*-in-pipeline-split or explicit layout), 0 where each stage
-    # holds layers/pp and the first and last add the embedding and the head.
+    # 1 where whole layers are placed by hand against what the embedding and the LM head cost
+    # (an explicit pipeline layout).
     balanced_split: Col
+    # 1 where the embedding and the LM head each count as one layer in the even split
+    # (Megatron's --account-for-*-in-pipeline-split, torchtitan's *_stage_less_layers).
+    ends_split: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -178,6 +180,7 @@ OPTIONAL_COLUMNS = {
     "sp_saves_gathered": 0.0,
     "cost_split": 0.0,
     "balanced_split": 0.0,
+    "ends_split": 0.0,
     "etp": 1.0,
 }
 
@@ -186,6 +189,16 @@ def busiest_rank_layers(layers: Col, pp: Col, vp: Col) -> Col:
     """Layers on the busiest pipeline rank: vp chunks of ceil(layers / (pp*vp)) each (uneven
     splits put the extra layer on some ranks)."""
     return np.ceil(layers / (pp * vp)) * vp
+
+
+def even_split_layers(layers: Col, pp: Col) -> tuple[Col, Col]:
+    """Megatron's even split of `layers` over `pp` stages: (layers on each of the first pp-1,
+    layers on the last). The first stages hold ceil(layers/pp), the last the rest, or floor
+    where ceil would leave the last none (8 layers on 6 stages are 1,1,1,1,1,3; what
+    --decoder-last-pipeline-num-layers states)."""
+    per = np.ceil(layers / pp)
+    per = np.where(layers - (pp - 1) * per < 1, np.floor(layers / pp), per)
+    return per, layers - (pp - 1) * per
 
 
 def splits_by_cost(x: CostInputs) -> Col:

@@ -40,6 +40,7 @@ from autoconfig.cost.inputs import (
     SELECTIVE,
     Col,
     CostInputs,
+    even_split_layers,
     last_stage_layers,
     recomputed_layers,
     splits_by_cost,
@@ -277,23 +278,35 @@ def step_time(
 
 
 def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_extra: Col) -> Col:
-    """Compute time per micro-batch of the slowest pipeline rank.
+    """Compute time per micro-batch of the slowest pipeline rank, by how the framework cuts the
+    pipeline (vocab.PipelineSplit):
 
-    A framework that places blocks by its own compute-cost estimate (nanotron) runs exactly
-    that split (inputs.stage_layers, inputs.last_stage_layers). Otherwise the layers split
-    evenly and the last rank adds the LM head and loss, as Megatron-Core, NeMo, torchtitan and
-    Megatron-DeepSpeed's type:transformer partition do unless told otherwise. Where the stages
-    are balanced by hand against the head (a recipe's --account-for-loss-in-pipeline-split or
-    explicit pipeline layout: `balanced_split`), the busiest rank is the better of the even
-    split and whole layers summing to the balanced share of the total.
+    - even (Megatron-Core's and NeMo's default, what --emit writes): without interleaving the
+      first pp-1 ranks hold ceil(layers/pp) layers and the last the rest plus the LM head and
+      loss (inputs.even_split_layers); interleaved, every rank its vp chunks and the last the
+      head too;
+    - ends_as_layers: the embedding and the head count as a layer each, so layers + 2 units
+      split over the pp*vp chunks and the last rank holds one layer fewer, plus the head;
+    - balanced (an explicit layout): the better of the even split and whole layers summing to
+      the balanced share of the total;
+    - compute_cost (nanotron): exactly that split (inputs.stage_layers, last_stage_layers).
     """
-    even = per_stage * layer + last_extra
+    piped = x.pp > 1
+    per, last = even_split_layers(x.layers, x.pp)
+    flat = np.maximum(per * layer, last * layer + last_extra)
+    even = np.where(piped & (x.vp == 1), flat, per_stage * layer + last_extra)
+    chunk_units = (x.layers + 2.0) / (x.pp * x.vp)
+    ends_first = np.ceil(chunk_units - 1e-9) * x.vp * layer
+    ends_last = np.maximum(np.floor(chunk_units + 1e-9) * x.vp - 1.0, 0.0) * layer + last_extra
+    counted = np.where(piped, np.maximum(ends_first, ends_last), even)
     balanced = np.ceil((x.layers * layer + ends) / (x.pp * layer) - 1e-9) * layer
-    by_hand = np.where(
-        (x.pp > 1) & (x.balanced_split > 0), np.minimum(even, np.maximum(balanced, ends)), even
-    )
+    by_hand = np.where(piped, np.minimum(even, np.maximum(balanced, ends)), even)
     by_cost = np.maximum(per_stage * layer, last_stage_layers(x) * layer + last_extra)
-    return np.where(splits_by_cost(x), by_cost, by_hand)
+    return np.select(
+        [splits_by_cost(x), x.balanced_split > 0, x.ends_split > 0],
+        [by_cost, by_hand, counted],
+        even,
+    )
 
 
 def _data_parallel(

@@ -9,9 +9,11 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import yaml
 
 from autoconfig import layout
+from autoconfig.cost.inputs import even_split_layers
 from autoconfig.errors import UserError
 from autoconfig.layout import ANY
 from autoconfig.vocab import Framework
@@ -70,7 +72,10 @@ def context(
     c["megatron_etp"] = c["etp"] if experts and c["etp"] != c["tp"] else None
     pp, vp, dp, mbs = c["pp"], c["vp"], c["dp"], c["mbs"]
     uneven = pp > 1 and layers % pp
-    c["uneven_last_stage_layers"] = _last_stage_layers(layers, pp) if uneven else None
+    # the split the cost model charges (cost.inputs.even_split_layers)
+    last = int(even_split_layers(np.float64(layers), np.float64(pp))[1])
+    c["uneven_last_stage_layers"] = last if uneven else None
+    c["nemo_even_split"] = "False" if pp > 1 else None
     c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 else None
     # Megatron-Core counts --recompute-num-layers within each model chunk (TransformerBlock
     # recomputes its own first N layers), so a rank's count splits over its vp chunks.
@@ -90,16 +95,6 @@ def context(
     c["nemo_fp8"] = "recipe.trainer.plugins = bf16_with_fp8_mixed()" if fp8 else None
     c["torchtitan_fp8"] = "[float8] enable_fsdp_float8_all_gather = true" if fp8 else None
     return c
-
-
-def _last_stage_layers(layers: int, pp: int) -> int:
-    """Megatron's --decoder-last-pipeline-num-layers: the other pp-1 stages hold equal counts
-    (ceil(layers/pp) where that leaves the last stage a layer, else floor: 8 layers on 6
-    stages are 1,1,1,1,1,3, not 2,2,2,2,2,-2)."""
-    per = -(-layers // pp)
-    if layers - (pp - 1) * per < 1:
-        per = layers // pp
-    return layers - (pp - 1) * per
 
 
 def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[str, ...]:
