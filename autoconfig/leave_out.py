@@ -71,7 +71,7 @@ def constants_for_chips(
     efficiency (fp4 <- fp8 <- 16-bit, as `Efficiency` reads a profile without them), and a
     chip with no 16-bit rows FALLBACK_CHIP's 16-bit one. A refit that left a non-GEMM
     constant out is refused."""
-    if FALLBACK_CHIP not in constants:
+    if "gemm" not in constants.get(FALLBACK_CHIP, {}):
         raise ValueError(f"no {FALLBACK_CHIP} constants to fall back on: {sorted(constants)}")
     out = {}
     for chip in chips:

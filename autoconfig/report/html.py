@@ -78,8 +78,8 @@ def training_accuracy_note(acc: dict[str, float]) -> str:
         f"{lead}Over {acc['rows']} published 16-bit runs, the fit's own rows included: median "
         f"absolute error {acc['median_ape_pct']:.0f}%, {acc['within_20_pct']:.0f}% within "
         f"±20%; outside the nanotron sweep (whose own repeats disagree by more than 1.5x) "
-        f"{acc['median_ape_other_pct']:.0f}%, most of those rows from one source "
-        "(llm-foundry)."
+        f"{acc['median_ape_other_pct']:.0f}%, pooled over rows (docs/validation.md says "
+        "which sources they come from)."
     )
     parts.append(
         f"Configurations within {100 * NEAR_TIE:g}% of the fastest are near-ties: "
