@@ -21,7 +21,7 @@ from autoconfig.fit import GEMM_CLASSES, TIME_PARAMS, fit_time, gemm_class, with
 from autoconfig.frame import TrainingRows
 from autoconfig.resolve import read_resolved
 from autoconfig.specs import Efficiency
-from autoconfig.validation import THROUGHPUT_APART, measured_throughput
+from autoconfig.validation import THROUGHPUT_APART, error_stats, measured_throughput
 
 FALLBACK_CHIP = "h100"  # what a family without fitted runs takes (scripts/fit_profiles.py)
 
@@ -133,15 +133,16 @@ def left_out_table(left_out: pd.DataFrame) -> pd.DataFrame:
     measured (which took FALLBACK_CHIP's constants)."""
     table = []
     for group, g in left_out.groupby("source_group", sort=True):
+        stats = error_stats(g["ape"])  # over the rows predicted
         predicted = g[g["ape"].notna()]
         borrowed = sorted(set(predicted.loc[~predicted["chip_fitted"], "chip"]))
         table.append(
             {
                 "source_group": group,
                 "rows": len(g),
-                "predicted_%": 100 * len(predicted) / len(g),
-                "left_out_median_ape_%": 100 * predicted["ape"].median(),
-                "left_out_within_20_%": 100 * (predicted["ape"] <= 0.2).mean(),
+                "predicted_%": 100 * stats["rows"] / len(g),
+                "left_out_median_ape_%": stats["median_ape_%"],
+                "left_out_within_20_%": stats["within_20%"],
                 f"families_from_{FALLBACK_CHIP}_fit": ", ".join(borrowed) or "-",
             }
         )

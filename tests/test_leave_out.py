@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoconfig import catalog
+from autoconfig import catalog, leave_out
 from autoconfig.fit import GEMM_CLASSES, TIME_PARAMS
 from autoconfig.leave_out import (
     constants_for_chips,
@@ -106,10 +106,21 @@ def test_a_chip_without_refit_constants_is_predicted_with_h100s_not_its_shipped_
     assert not np.allclose(alone, shipped, rtol=1e-3)
 
 
-def test_the_left_out_fit_starts_from_the_middle_of_every_constants_range() -> None:
+def test_the_left_out_fit_starts_from_the_middle_of_every_constants_range(monkeypatch) -> None:
     for efficiency in neutral_start().values():
         for name, (_, _, lo, hi) in TIME_PARAMS.items():
             assert getattr(efficiency, name) == pytest.approx((lo + hi) / 2)
+    # and leave_group_out refits from there, not from the shipped constants
+    starts = []
+
+    def fit(train, start=None):  # stands in for the refit
+        starts.append(start)
+        return _shipped(), 0.0, {}
+
+    monkeypatch.setattr(leave_out, "fit_time_constants", fit)
+    leave_out.leave_group_out(_runs(), ["slow"])
+    assert starts and starts[0] is not None
+    assert starts[0]["h100"].gemm == pytest.approx(sum(TIME_PARAMS["gemm"][2:]) / 2)
 
 
 @pytest.mark.slow  # three refits of every time constant: about half a minute
