@@ -60,6 +60,8 @@ class Behaviour:
     cost_split: Values = 0.0  # pipeline blocks placed by the framework's compute-cost estimate
     balanced_split: Values = 0.0  # stages balanced by hand against the embedding and LM head
     ends_split: Values = 0.0  # the embedding and LM head each count as a layer in the split
+    # ... where that lets an interleaved layout divide, when the framework can be told to
+    ends_split_to_interleave: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

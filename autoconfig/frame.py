@@ -403,6 +403,12 @@ def read_behaviour(
     for col, name in BEHAVIOUR_FLAGS.items():
         if col in df:
             values[name] = flag(df, col, values[name], err).to_numpy()
+    if "pipeline_ends_as_layers" in df:
+        # A row that states its split keeps it, interleaved or not.
+        raw = text_column(df, "pipeline_ends_as_layers")
+        stated = (raw.isin(YES) | raw.isin(NO)).to_numpy()
+        keep = values["ends_split_to_interleave"]
+        values["ends_split_to_interleave"] = np.where(stated, values["ends_split"], keep)
     return Behaviour(**values)
 
 
@@ -432,7 +438,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     err.add(~recompute.isin(Recompute.values()), f"recompute: must be {Recompute.allowed()}")
     precision = text_column(df, "precision").replace({"": "bf16"})
     err.add(~precision.isin(Precision.values()), f"precision: must be {Precision.allowed()}")
-    per_stage = busiest_rank_layers(num["layers"], pp, vp)
+    per_stage = pd.Series(busiest_rank_layers(num["layers"], pp, vp), index=num.index)
     full = recompute == Recompute.FULL.value
     recompute_layers = num["recompute_layers"].fillna(per_stage.where(full, 0))
     moe = num["num_experts"].fillna(0) > 0

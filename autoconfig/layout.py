@@ -157,13 +157,16 @@ DIMENSIONS: tuple[Dimension, ...] = (
             MEGATRON: (
                 "--pipeline-model-parallel-size {pp}",
                 "--decoder-last-pipeline-num-layers {uneven_last_stage_layers}",
+                # an interleaved split counting the embedding and loss as layers (exports)
+                '--pipeline-model-parallel-layout "{megatron_pipeline_layout}"',
             ),
             NEMO: (
                 "recipe.trainer.strategy.pipeline_model_parallel_size = {pp}",
                 "recipe.model.config.num_layers_in_last_pipeline_stage = "
                 "{uneven_last_stage_layers}",
                 # some recipes count the embedding and loss as layers (Llama 3.1 405B): the
-                # prediction is for the even split
+                # prediction is for the even split, unless only that split lets the layout
+                # interleave
                 "recipe.trainer.strategy.account_for_embedding_in_pipeline_split = "
                 "{nemo_even_split}",
                 "recipe.trainer.strategy.account_for_loss_in_pipeline_split = {nemo_even_split}",

@@ -50,8 +50,12 @@ def defaults(fw: FrameworkSpec, row: pd.Series, unknown: pd.Series) -> dict:
     return {k: v for k, v in values.items() if unknown[k]}
 
 
-def options(fw: FrameworkSpec, row: pd.Series, unknown: pd.Series, layers: int) -> list[dict]:
-    """Every combination of values the framework could have used for the row's unknowns."""
+def options(
+    fw: FrameworkSpec, row: pd.Series, unknown: pd.Series, layers: int, count_ends: bool = False
+) -> list[dict]:
+    """Every combination of values the framework could have used for the row's unknowns.
+    Virtual stages must cut the layers into pp*vp equal chunks, or with `count_ends` (the
+    split may count the embedding and the head as a layer each) the layers + 2."""
     tp, pp = int(row["tp"]), int(row["pp"])
     choices: dict[str, list] = {}
     if unknown["zero"]:
@@ -64,7 +68,8 @@ def options(fw: FrameworkSpec, row: pd.Series, unknown: pd.Series, layers: int) 
         if mode == "never":
             choices["sp"] = [False]
     if unknown["vp"]:
-        extra = [v for v in VP_CHOICES if layers % (pp * v) == 0]
+        units = (layers, layers + 2) if count_ends else (layers,)
+        extra = [v for v in VP_CHOICES if any(n % (pp * v) == 0 for n in units)]
         choices["vp"] = [1] + (extra if fw.allows("interleaving") else [])
     if unknown["etp"]:
         choices["etp"] = sorted({1, tp}) if fw.allows("expert_tensor_parallel") else [1]
@@ -81,13 +86,18 @@ def resolve(
     table = rows.layouts
     failed = np.zeros(len(table), bool) if failed is None else np.asarray(failed, bool)
     todo = np.flatnonzero(rows.unknown.any(axis=1).to_numpy())
+    does = rows.behaviour
+    ends = np.broadcast_to(
+        (np.asarray(does.ends_split) > 0) | (np.asarray(does.ends_split_to_interleave) > 0),
+        (len(table),),
+    )
     picks: list[tuple[int, dict]] = []
     for i in todo:
         fw, row, unknown = rows.frameworks[i], table.iloc[i], rows.unknown.iloc[i]
         if failed[i]:
             picks.append((int(i), defaults(fw, row, unknown)))
             continue
-        for choice in options(fw, row, unknown, rows.models[i].layers):
+        for choice in options(fw, row, unknown, rows.models[i].layers, bool(ends[i])):
             picks.append((int(i), choice))
     chosen = table.copy()
     winners = _fastest_fitting(rows, table, picks, todo)
@@ -221,7 +231,8 @@ def as_framework_would(
     fewest layers per stage that fit. `shape` holds the model and run figures the layout rules
     check (heads, kv_heads, layers, experts, num_gpus, gbs, seq)."""
     unknown = pd.Series({d: d in auto for d in RESOLVABLE})
-    choices = options(fw, pd.Series(run.model_dump()), unknown, spec.layers)
+    count_ends = bool(np.any(does.ends_split)) or bool(np.any(does.ends_split_to_interleave))
+    choices = options(fw, pd.Series(run.model_dump()), unknown, spec.layers, count_ends)
     best = _fastest_config(fw, spec, hardware, does, run, choices, limit_gb, shape)
     if best.recompute.value == "full" and "recompute" in auto and fw.allows("partial_recompute"):
         partial = [{"recompute_layers": k} for k in partial_counts(best.model_dump(), spec)]

@@ -354,6 +354,11 @@ class FrameworkCapabilities(_Spec):
     interleaving: Sourced  # virtual pipeline stages
     interleave_needs_pp_multiple: Sourced  # micro-batches a multiple of pp when interleaved
     uneven_pipeline: Sourced
+    # can be told to count the embedding and the LM head as a layer each in the pipeline
+    # split, which lets an interleaved layout divide where the layers alone do not
+    ends_as_layers_split: Sourced = Sourced(
+        value=False, source="no option to count the embedding and the head as layers"
+    )
     context_parallel: Sourced
     expert_parallel: Sourced
     expert_folding: Sourced  # ep*etp over tp*dp*cp (MoE parallel folding), else within dp*cp

@@ -66,6 +66,14 @@ PIPELINE_SPLIT_RECIPES = {
     },
 }
 
+# Rows that name a multi-stage pipeline schedule but not its stages per rank ran the
+# framework's default: torchtitan builds 2 stages per rank for multi-stage schedules unless
+# pipeline_parallel_layers_per_stage says otherwise (distributed/pipeline.py in 0.1.0,
+# distributed/pipeline_parallel.py in 0.3.0). Keyed by source group: (note text, column, value).
+SCHEDULE_DEFAULTS: dict[str, tuple[str, str, str]] = {
+    "torchtitan": ("schedule=Interleaved 1F1B", "vp", "2"),
+}
+
 # torchtitan's `activation_checkpoint.mode = "selective"` defaults to selective_ac_option "op"
 # (torchtitan docs, activation checkpointing): op-level checkpointing, not Megatron's
 # attention-only selective recompute.
@@ -122,6 +130,11 @@ def load_training_runs(path: Path | None = None) -> pd.DataFrame:
     for group, meaning in RECOMPUTE_MEANING.items():
         rows = runs["source_group"] == group
         runs.loc[rows, "recompute"] = runs.loc[rows, "recompute"].replace(meaning)
+    for group, (note, column, value) in SCHEDULE_DEFAULTS.items():
+        if "notes" not in runs or column not in runs:
+            continue
+        rows = (runs["source_group"] == group) & runs["notes"].str.contains(note, regex=False)
+        runs.loc[rows & (runs[column].str.strip() == ""), column] = value
     for group, columns in PIPELINE_SPLIT_RECIPES.items():
         for column, recipes in columns.items():
             if column not in runs:

@@ -22,6 +22,7 @@ import pandas as pd
 
 from autoconfig import resources
 from autoconfig import validation as v
+from autoconfig.micro_batches import micro_batch_lines, micro_batch_summary
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
 
@@ -38,6 +39,7 @@ def main() -> None:
     twins = v.twin_ranking(out)
     twin_medians = twins.median(numeric_only=True)[v.TWIN_FIGURES]
     twin_split = v.twin_ranking_by_pipelining(out)
+    stalls = micro_batch_summary(micro_batch_lines(out, "Ultra-Scale Playbook"))
     fits = v.fits_table(out)
     mem = v.memory_table(out)
     errors = out.loc[out["error"] != "", "error"].value_counts()
@@ -62,6 +64,7 @@ def main() -> None:
         f"{twin_medians['model_spearman']:.3f}, {twin_medians['model_loss_%']:.1f}%)"
     )
     print(twin_split.round(3).to_string(index=False))
+    print(stalls.round(3).to_string(index=False))
     print(fits.round(1).to_string(index=False))
     print(mem.round(1).to_string(index=False))
     print(spread.round(2).to_string(index=False))
@@ -146,6 +149,19 @@ def main() -> None:
                 "stage's runs rank the other's far worse than where it does not.",
                 "",
                 twin_split.round(3).to_markdown(index=False),
+                "",
+                "## Ultra-Scale Playbook: what a step pays per micro-batch (no model involved)",
+                "",
+                "Families of runs (one model, GPU count, tp, pp, dp and ZeRO stage) measured at "
+                "three or more micro-batch sizes spanning 4x or more process the same tokens "
+                "per step at each size; a line through step time against the number of "
+                "micro-batches gives what each micro-batch costs whatever its size "
+                "(`autoconfig.micro_batches`). *Stall-bound*: a line with R^2 >= 0.95 whose "
+                "fixed cost is at least half the step at the smallest micro-batch. The "
+                "model's line over the same layouts is beside: what it charges per micro-batch "
+                "(kernel launches, collective latencies) against what the runs paid.",
+                "",
+                stalls.round(3).to_markdown(index=False),
                 "",
                 "## Fits verdict against status",
                 "",

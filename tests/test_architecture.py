@@ -33,7 +33,7 @@ FLOORS: list[set[str]] = [
     {"frameworks"},
     {"frame"},
     {"resolve", "training", "trainer"},
-    {"validation"},
+    {"validation", "micro_batches"},
     {"serve", "leave_out"},
     {"measure"},
     {"api"},

@@ -4,6 +4,8 @@ it overlaps, and ZeRO-3's per-micro-batch weight traffic priced on the network i
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -508,3 +510,129 @@ def test_a_stated_none_is_a_value_not_a_blank() -> None:
         "mem_weights_gb"
     ]
     assert learned - dropped == pytest.approx(2 * 2048 * 2048 / 2**30, rel=1e-6)
+
+
+def replace_inputs(x, **cols: float):
+    return dataclasses.replace(x, **{k: np.asarray(v, dtype=float) for k, v in cols.items()})
+
+
+def _unrolled_layout(text: str) -> list[str]:
+    """A --pipeline-model-parallel-layout string unrolled into its chunks ('(x)*n' and 'x*n'
+    repeat, as Megatron-Core's parser does), each a string of E, t and L."""
+    import re
+
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    return text.split("|")
+
+
+@pytest.mark.parametrize("layers,pp,vp", [(126, 16, 4), (126, 16, 8), (94, 8, 4), (30, 4, 2)])
+def test_an_interleaved_split_counting_the_ends_is_emitted_as_it_is_predicted(
+    layers, pp, vp
+) -> None:
+    """Megatron-Core interleaves only where the chunks divide: the layers, or with the
+    embedding and the loss counted as a layer each, the layers + 2. Such a layout is predicted
+    with that split, and --emit writes it (a layout for Megatron-LM, the account_for flags for
+    NeMo), never the even split's flags."""
+    assert layers % (pp * vp) != 0 and (layers + 2) % (pp * vp) == 0
+    chunks = _unrolled_layout(exports.pipeline_layout(layers, pp * vp))
+    per = (layers + 2) // (pp * vp)
+    assert len(chunks) == pp * vp and "".join(chunks).count("t") == layers
+    assert chunks[0] == "E" + "t" * (per - 1) and chunks[-1] == "t" * (per - 1) + "L"
+    assert all(c == "t" * per for c in chunks[1:-1])
+    row = layout.plain(layout.Layout(tp=8, pp=pp, vp=vp, dp=4, mbs=1).model_dump())
+    megatron = exports.export("megatron", row, layers, 4 * pp, 8192, "bf16")
+    assert (
+        f'--pipeline-model-parallel-layout "{exports.pipeline_layout(layers, pp * vp)}"' in megatron
+    )
+    assert "--num-layers-per-virtual-pipeline-stage" not in megatron
+    assert "--decoder-last-pipeline-num-layers" not in megatron
+    nemo = exports.export("nemo", row, layers, 4 * pp, 8192, "bf16")
+    assert "account_for_embedding_in_pipeline_split = True" in nemo
+    assert "account_for_loss_in_pipeline_split = True" in nemo
+    assert "num_layers_in_last_pipeline_stage" not in nemo
+    # a layout the layers alone divide keeps the even split's flags
+    even = exports.export("megatron", row | {"vp": 1}, layers, 4 * pp, 8192, "bf16")
+    assert "--pipeline-model-parallel-layout" not in even
+
+
+def test_megatron_interleaves_llama3_405b_on_16_stages_by_counting_the_ends() -> None:
+    """126 layers on 16 stages: no vp divides them, but 128 units do. Megatron and NeMo can be
+    told to count the ends; the split is then the one torchtitan runs by default, and a
+    framework without the option keeps the even split's chunks."""
+    base = make_inputs(
+        "llama3-405b", gpu="h100-sxm-80gb", tp=8.0, pp=16.0, vp=4.0, dp=8.0, gbs=128.0
+    )
+    told = replace_inputs(base, ends_split_to_interleave=1.0)
+    counted = replace_inputs(base, ends_split=1.0)
+    assert step_time(told).total == pytest.approx(step_time(counted).total, rel=1e-9)
+    assert step_time(told).total < step_time(base).total
+    # an explicit layout wins over it; an interleave the layers divide is left even
+    balanced = replace_inputs(told, balanced_split=1.0)
+    assert step_time(balanced).total == pytest.approx(
+        step_time(replace_inputs(base, balanced_split=1.0)).total, rel=1e-9
+    )
+    divides = make_inputs("llama3-405b", gpu="h100-sxm-80gb", tp=8.0, pp=9.0, vp=2.0, dp=8.0)
+    assert step_time(replace_inputs(divides, ends_split_to_interleave=1.0)).total == (
+        pytest.approx(step_time(divides).total, rel=1e-9)
+    )
+    assert [
+        bool(frameworks.behaviour(catalog.get_framework(n), "bf16").ends_split_to_interleave)
+        for n in ("megatron", "nemo", "deepspeed", "nanotron")
+    ] == [True, True, False, False]
+
+
+def test_unknown_vp_interleaves_by_counting_the_ends_unless_the_row_says_not_to() -> None:
+    row = {
+        "model": "llama3-405b",
+        "layers": "",
+        "hidden": "",
+        "heads": "",
+        "vocab": "",
+        "seq_len": 8192,
+        "gpu": "h100-sxm-80gb",
+        "num_gpus": 1024,
+        "tp": 8,
+        "pp": 16,
+        "vp": "unknown",
+        "mbs": 1,
+        "gbs": 512,
+        "framework": "megatron",
+        "zero": 1,
+        "recompute": "full",
+        "pipeline_ends_as_layers": "",
+    }
+    runs = pd.DataFrame([row, row | {"pipeline_ends_as_layers": "n"}]).astype(str)
+    free, even = api.estimate_frame(runs).itertuples()
+    assert int(free.resolved_vp) > 1 and (128 % (16 * int(free.resolved_vp))) == 0
+    assert int(even.resolved_vp) == 1  # 126 layers: no vp divides them evenly
+    assert free.pred_tokens_per_s_per_gpu > even.pred_tokens_per_s_per_gpu
+
+
+def test_the_search_proposes_what_counting_the_ends_lets_megatron_interleave() -> None:
+    table = api.search("llama3-405b", 2048, "h100-sxm-80gb", framework="megatron").table
+    piped = table[(table["pp"] == 16) & (table["vp"] > 1)]
+    assert len(piped) and (128 % (16 * piped["vp"]) == 0).all()
+    table = api.search("llama3-405b", 2048, "h100-sxm-80gb", framework="deepspeed").table
+    assert (table["vp"] == 1).all()
+
+
+def test_a_torchtitan_row_naming_an_interleaved_schedule_ran_two_stages_per_rank(
+    tmp_path,
+) -> None:
+    """torchtitan builds 2 stages per rank for a multi-stage schedule unless told otherwise:
+    a row that names the schedule and leaves vp blank ran that; a stated vp stays."""
+    notes = ["schedule=Interleaved 1F1B; x", "schedule=1F1B", "schedule=Interleaved 1F1B"]
+    frame = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c", "d"],
+            "source_group": ["torchtitan"] * 3 + ["NeMo"],
+            "model": ["m"] * 4,
+            "recompute": [""] * 4,
+            "vp": ["", "", "4", ""],
+            "notes": [*notes, notes[0]],
+        }
+    )
+    frame.to_csv(tmp_path / "runs.csv", index=False)
+    runs = load_training_runs(tmp_path / "runs.csv").set_index("run_id")
+    assert runs["vp"].tolist() == ["2", "", "4", ""]

@@ -38,6 +38,9 @@ LAYOUTS = {
     "tp2+sp": {"tp": 2, "sp": True},
     "pp2 1F1B": {"pp": 2},
     "pp2 interleaved vp2": {"pp": 2, "vp": 2},
+    # 8 layers in 10 chunks: the embedding and the head count as a layer each (Megatron's
+    # split where only layers + 2 divide), so the first and the last chunk hold no layer
+    "pp2 interleaved vp5, ends as layers": {"pp": 2, "vp": 5},
     "dp2 DDP": {"dp": 2},
     "dp2 ZeRO-1": {"dp": 2, "zero": 1},
     "dp2 ZeRO-2 (FSDP)": {"dp": 2, "zero": 2},

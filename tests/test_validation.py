@@ -247,3 +247,36 @@ def test_a_failure_is_weighed_with_its_frameworks_pipeline_split() -> None:
     for framework, dominated in (("megatron", True), ("nanotron", False)):
         runs = _layouts([ran | {"framework": framework}, failed | {"framework": framework}])
         assert dominated_failures(runs).tolist() == [False, dominated]
+
+
+def test_a_fixed_cost_per_micro_batch_shows_as_a_line_in_the_micro_batch_count() -> None:
+    """Two families cut the same 256 sequences into micro-batches of 1 to 16: one pays 0.5 s
+    per micro-batch on top of a 2 s step, the other only its work (2 s whatever the cut)."""
+    from autoconfig.micro_batches import micro_batch_lines, micro_batch_summary
+
+    rows = []
+    for tp, stall in ((16, 0.5), (2, 0.0)):
+        for mbs in (1, 2, 4, 16):
+            micro = 256 / (4 * mbs)
+            step = 2.0 + stall * micro
+            rows.append(
+                {
+                    "source_group": "sweep", "status": "ok", "error": "", "model": "m",
+                    "num_gpus": 4 * tp, "gpus_per_node": "", "tp": tp, "pp": 1, "dp": 4,
+                    "zero": 1, "mbs": mbs, "gbs": 256, "seq_len": 4096,
+                    "measured_tps": 256 * 4096 / (step * 4 * tp), "pred_step_time_s": 2.0,
+                }
+            )  # fmt: skip
+    lines = micro_batch_lines(pd.DataFrame(rows), "sweep").set_index("tp")
+    assert lines.loc[16, "slope_s"] == pytest.approx(0.5) and lines.loc[16, "r2"] == 1.0
+    assert lines.loc[16, "kind"] == "tp across nodes"
+    assert lines.loc[16, "model_slope_s"] == pytest.approx(0.0, abs=1e-9)
+    assert lines.loc[2, "slope_s"] == pytest.approx(0.0, abs=1e-9)
+    summary = micro_batch_summary(lines.reset_index()).set_index("layouts")
+    assert summary.loc["tp across nodes", "stall_bound_%"] == 100.0
+    assert summary.loc["pp 1, tp in a node", "stall_bound_%"] == 0.0
+    # sizes spanning less than asked for, or too few of them, say nothing
+    narrow = pd.DataFrame(rows)[lambda d: d["mbs"] < 16]  # 1, 2 and 4: a 4x span
+    assert len(micro_batch_lines(narrow, "sweep")) == 2
+    assert micro_batch_lines(narrow, "sweep", min_span=5.0).empty
+    assert micro_batch_lines(narrow, "sweep", min_sizes=4).empty

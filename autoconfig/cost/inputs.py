@@ -127,6 +127,11 @@ class CostInputs:
     # 1 where the embedding and the LM head each count as one layer in the even split
     # (Megatron's --account-for-*-in-pipeline-split, torchtitan's *_stage_less_layers).
     ends_split: Col
+    # 1 where the framework can be told to count the embedding and the LM head as a layer each
+    # (Megatron's --account-for-*-in-pipeline-split): it does so for an interleaved layout
+    # whose layers alone do not divide into its pp*vp chunks but layers + 2 do
+    # (`interleaves_by_counting_ends`).
+    ends_split_to_interleave: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -181,14 +186,23 @@ OPTIONAL_COLUMNS = {
     "cost_split": 0.0,
     "balanced_split": 0.0,
     "ends_split": 0.0,
+    "ends_split_to_interleave": 0.0,
     "etp": 1.0,
 }
 
 
 def busiest_rank_layers(layers: Col, pp: Col, vp: Col) -> Col:
     """Layers on the busiest pipeline rank: vp chunks of ceil(layers / (pp*vp)) each (uneven
-    splits put the extra layer on some ranks)."""
-    return np.ceil(layers / (pp * vp)) * vp
+    splits put the extra layer on some ranks). An interleaved layout that divides only with
+    the embedding and the head counted as layers (`interleaves_by_counting_ends`) gives every
+    rank (layers + 2)/pp units, the first and the last one layer fewer: with two stages both
+    ranks hold layers/2."""
+    even = np.ceil(layers / (pp * vp)) * vp
+    by_ends = interleaves_by_counting_ends(layers, pp, vp)
+    if not np.any(by_ends):
+        return even
+    counted = (np.asarray(layers, float) + 2.0) / pp - np.where(np.asarray(pp) == 2, 1.0, 0.0)
+    return np.where(by_ends, counted, even)
 
 
 def even_split_layers(layers: Col, pp: Col) -> tuple[Col, Col]:
@@ -199,6 +213,25 @@ def even_split_layers(layers: Col, pp: Col) -> tuple[Col, Col]:
     per = np.ceil(layers / pp)
     per = np.where(layers - (pp - 1) * per < 1, np.floor(layers / pp), per)
     return per, layers - (pp - 1) * per
+
+
+def interleaves_by_counting_ends(layers: Col, pp: Col, vp: Col) -> Col:
+    """Interleaved layouts whose pp*vp chunks the layers alone do not fill evenly but the
+    layers plus the embedding and the loss, counted as a layer each, do: what Megatron-Core
+    asks of --account-for-embedding/loss-in-pipeline-split with virtual stages ((layers + 2)
+    divisible by pp, and by vp per rank: megatron-core 0.16.1 transformer_config.py). Llama 3
+    405B's 126 layers on 16 stages interleave this way (Llama 3 paper, Sec. 3.3.2: one layer
+    fewer on the first and the last stage)."""
+    chunks = np.asarray(pp, float) * np.asarray(vp, float)
+    layers = np.asarray(layers, float)
+    return (np.asarray(vp) > 1) & (layers % chunks != 0) & ((layers + 2.0) % chunks == 0)
+
+
+def counts_ends(x: CostInputs) -> Col:
+    """Layouts whose split counts the embedding and the LM head as a layer each: the
+    framework's own split, or one it is told to use so that an interleaved layout divides."""
+    asked = (x.ends_split_to_interleave > 0) & interleaves_by_counting_ends(x.layers, x.pp, x.vp)
+    return (x.ends_split > 0) | (asked & (x.balanced_split == 0))
 
 
 def splits_by_cost(x: CostInputs) -> Col:

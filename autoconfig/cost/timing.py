@@ -40,6 +40,7 @@ from autoconfig.cost.inputs import (
     SELECTIVE,
     Col,
     CostInputs,
+    counts_ends,
     even_split_layers,
     last_stage_layers,
     recomputed_layers,
@@ -287,6 +288,8 @@ def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_ex
       head too;
     - ends_as_layers: the embedding and the head count as a layer each, so layers + 2 units
       split over the pp*vp chunks and the last rank holds one layer fewer, plus the head;
+      a framework that can be told to (Megatron's --account-for-* flags) splits this way
+      an interleaved layout that only divides so (inputs.counts_ends);
     - balanced (an explicit layout): the better of the even split and whole layers summing to
       the balanced share of the total;
     - compute_cost (nanotron): exactly that split (inputs.stage_layers, last_stage_layers).
@@ -303,7 +306,7 @@ def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_ex
     by_hand = np.where(piped, np.minimum(even, np.maximum(balanced, ends)), even)
     by_cost = np.maximum(per_stage * layer, last_stage_layers(x) * layer + last_extra)
     return np.select(
-        [splits_by_cost(x), x.balanced_split > 0, x.ends_split > 0],
+        [splits_by_cost(x), x.balanced_split > 0, counts_ends(x)],
         [by_cost, by_hand, counted],
         even,
     )

@@ -13,7 +13,7 @@ import numpy as np
 import yaml
 
 from autoconfig import layout
-from autoconfig.cost.inputs import even_split_layers
+from autoconfig.cost.inputs import even_split_layers, interleaves_by_counting_ends
 from autoconfig.errors import UserError
 from autoconfig.layout import ANY
 from autoconfig.vocab import Framework
@@ -71,12 +71,16 @@ def context(
     # (ModelParallelConfig.__post_init__): an MoE layout with etp != tp must say so.
     c["megatron_etp"] = c["etp"] if experts and c["etp"] != c["tp"] else None
     pp, vp, dp, mbs = c["pp"], c["vp"], c["dp"], c["mbs"]
-    uneven = pp > 1 and layers % pp
+    # An interleaved layout that divides only with the embedding and the loss counted as a
+    # layer each is split that way (cost.inputs.counts_ends); any other, evenly.
+    ends = bool(interleaves_by_counting_ends(layers, pp, vp))
+    uneven = pp > 1 and layers % pp and not ends
     # the split the cost model charges (cost.inputs.even_split_layers)
     last = int(even_split_layers(np.float64(layers), np.float64(pp))[1])
     c["uneven_last_stage_layers"] = last if uneven else None
-    c["nemo_even_split"] = "False" if pp > 1 else None
-    c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 else None
+    c["nemo_even_split"] = str(ends) if pp > 1 else None
+    c["megatron_pipeline_layout"] = pipeline_layout(layers, pp * vp) if ends else None
+    c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 and not ends else None
     # Megatron-Core counts --recompute-num-layers within each model chunk (TransformerBlock
     # recomputes its own first N layers), so a rank's count splits over its vp chunks.
     c["recompute_layers_per_chunk"] = -(-c["recompute_layers"] // vp)
@@ -95,6 +99,21 @@ def context(
     c["nemo_fp8"] = "recipe.trainer.plugins = bf16_with_fp8_mixed()" if fp8 else None
     c["torchtitan_fp8"] = "[float8] enable_fsdp_float8_all_gather = true" if fp8 else None
     return c
+
+
+def pipeline_layout(layers: int, chunks: int) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout for `layers` over `chunks` model
+    chunks (pp*vp, in the order the layout lists them) with the embedding (E) and the loss (L)
+    counted as a layer each: every chunk (layers + 2)/chunks units, the first and the last one
+    layer fewer (transformer/pipeline_parallel_layer_layout.py, megatron-core 0.16.1). The
+    layout states the split itself, where --account-for-*-in-pipeline-split would leave the
+    virtual-stage flag to say how many layers a chunk holds."""
+    per = (layers + 2) // chunks
+
+    def run(n: int) -> str:
+        return "" if n == 0 else "t" if n == 1 else f"t*{n}"
+
+    return f"E{run(per - 1)}|({run(per)}|)*{chunks - 2}{run(per - 1)}L"
 
 
 def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[str, ...]:

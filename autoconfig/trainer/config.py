@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from autoconfig import catalog, checks, layout
+from autoconfig.cost.inputs import interleaves_by_counting_ends
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.layout import Layout
 from autoconfig.specs import ModelSpec
@@ -221,12 +222,13 @@ class TrainConfig(Layout):
                 f"tp: {self.tp} must divide kv_heads ({spec.kv}) or be a multiple of them",
             ),
             (
-                self.pp * self.vp > spec.layers,
+                self.pp * self.vp > spec.layers and not self.counts_ends(spec.layers),
                 f"pp: pp*vp = {self.pp * self.vp} exceeds the {spec.layers} layers",
             ),
             (
-                spec.layers % (self.pp * self.vp) != 0,
-                f"pp: pp*vp = {self.pp * self.vp} must divide the {spec.layers} layers",
+                spec.layers % (self.pp * self.vp) != 0 and not self.counts_ends(spec.layers),
+                f"pp: pp*vp = {self.pp * self.vp} must divide the {spec.layers} layers (or, "
+                f"interleaved, {spec.layers} + 2 with the embedding and the head as layers)",
             ),
             (self.vp > 1 and self.pp == 1, "vp: virtual stages need pp > 1"),
             (
@@ -312,6 +314,24 @@ class TrainConfig(Layout):
 
     def seq(self, spec: ModelSpec | None = None) -> int:
         return (spec or self.spec()).seq_len if self.seq_len is None else self.seq_len
+
+    def counts_ends(self, layers: int) -> bool:
+        """Interleaved with the embedding and the head counted as a layer each, because only
+        layers + 2 divide into the pp*vp chunks (as the cost model and Megatron's exported
+        layout split it: cost.inputs.counts_ends)."""
+        return bool(interleaves_by_counting_ends(layers, self.pp, self.vp))
+
+    def stage_layer_ids(self, layers: int, stage: int) -> list[int]:
+        """The layers pipeline stage `stage` (of pp*vp) holds: equal runs of layers, or of
+        layers + 2 units (the embedding first, the head last) where only those divide, which
+        leaves the first and the last stage one layer fewer."""
+        stages = self.pp * self.vp
+        if not self.counts_ends(layers):
+            per = layers // stages
+            return list(range(stage * per, (stage + 1) * per))
+        per = (layers + 2) // stages
+        units = range(stage * per, (stage + 1) * per)
+        return [u - 1 for u in units if 1 <= u <= layers]
 
 
 def load_config(path: Path) -> TrainConfig:

@@ -125,10 +125,9 @@ class Rank:
     def _build_chunks(self) -> list[torch.nn.Module]:
         cfg, spec = self.cfg, self.spec
         stages = cfg.pp * cfg.vp
-        per_stage = spec.layers // stages
         chunks = []
         for s in self._stage_ids():
-            ids = list(range(s * per_stage, (s + 1) * per_stage))
+            ids = cfg.stage_layer_ids(spec.layers, s)
             model = Transformer(
                 spec,
                 self.seq,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from autoconfig import frameworks, layout, resources
 from autoconfig.catalog import read_yaml
-from autoconfig.cost.inputs import busiest_rank_layers
+from autoconfig.cost.inputs import busiest_rank_layers, interleaves_by_counting_ends
 from autoconfig.errors import UserError, pydantic_message
 from autoconfig.specs import FrameworkSpec, ModelSpec, SearchSpace
 from autoconfig.vocab import Recompute
@@ -141,7 +141,9 @@ def enumerate_candidates(
         first = {**defaults, **s, "dp": dp, **shape, "gbs": dp}
         keep = _apply(
             [(f"{n}: {r}", bad) for n, r, bad in layout.rules(first)]
-            + _structure_policies(s, layers, seq_len, space),
+            + _structure_policies(
+                s, layers, seq_len, space, bool(framework.can.ends_as_layers_split.value)
+            ),
             per_structure,
             dropped,
         )
@@ -177,14 +179,17 @@ def enumerate_candidates(
 
 
 def _structure_policies(
-    s: dict[str, np.ndarray], layers: float, seq_len: int, space: SearchSpace
+    s: dict[str, np.ndarray], layers: float, seq_len: int, space: SearchSpace, count_ends: bool
 ) -> list[tuple[str, np.ndarray]]:
-    """What the search leaves out although a framework might run it."""
+    """What the search leaves out although a framework might run it. Interleaved layouts
+    need pp*vp equal chunks: of the layers, or where the framework can count the embedding
+    and the head as a layer each, of layers + 2 (inputs.interleaves_by_counting_ends)."""
     pp, vp, cp = s["pp"], s["vp"], s["cp"]
+    by_ends = interleaves_by_counting_ends(layers, pp, vp) & count_ends
     return [
         (
             "pp*vp does not divide layers",
-            ((layers % (pp * vp)) != 0) & ((vp > 1) | (not space.uneven_pipeline)),
+            ((layers % (pp * vp)) != 0) & ((vp > 1) | (not space.uneven_pipeline)) & ~by_ends,
         ),
         (
             "cp leaves too few tokens per rank",
@@ -212,9 +217,10 @@ def _setting_policies(
 def partial_layers(frac: np.ndarray, per_stage: np.ndarray, vp: np.ndarray) -> np.ndarray:
     """Layers per stage that full recompute of a fraction `frac` of them covers: a whole
     number of layers in each of the stage's vp chunks, since Megatron-Core counts
-    --recompute-num-layers within each model chunk."""
+    --recompute-num-layers within each model chunk; never more than the stage holds (an
+    interleaved split counting the embedding and the head leaves some chunks a layer short)."""
     vp = np.maximum(vp, 1.0)
-    return np.ceil(frac * per_stage / vp) * vp
+    return np.minimum(np.ceil(frac * per_stage / vp) * vp, per_stage)
 
 
 def _typed(d: layout.Dimension, values: np.ndarray) -> np.ndarray:
