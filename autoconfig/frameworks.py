@@ -118,7 +118,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         cost_split=float(does.splits_by_cost),
         balanced_split=float(does.balances_by_hand),
         ends_split=float(does.counts_ends_as_layers),
-        ends_split_to_interleave=float(bool(fw.can.ends_as_layers_split.value)),
+        ends_split_to_interleave=float(bool(fw.allows("ends_as_layers_split"))),
     )
 
 

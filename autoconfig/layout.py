@@ -165,11 +165,12 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 "recipe.model.config.num_layers_in_last_pipeline_stage = "
                 "{uneven_last_stage_layers}",
                 # some recipes count the embedding and loss as layers (Llama 3.1 405B): the
-                # prediction is for the even split, unless only that split lets the layout
-                # interleave
+                # prediction is for the even split (False), unless only counting them lets the
+                # layout interleave (True)
                 "recipe.trainer.strategy.account_for_embedding_in_pipeline_split = "
-                "{nemo_even_split}",
-                "recipe.trainer.strategy.account_for_loss_in_pipeline_split = {nemo_even_split}",
+                "{nemo_ends_as_layers}",
+                "recipe.trainer.strategy.account_for_loss_in_pipeline_split = "
+                "{nemo_ends_as_layers}",
             ),
             TORCHTITAN: (
                 "pipeline_parallel_degree = {pp}",

@@ -1,12 +1,12 @@
 """What a sweep's measured steps pay per micro-batch, with no model involved.
 
-A family of runs (one model, GPU count, tp, pp, dp and ZeRO stage) measured at several
-micro-batch sizes processes the same tokens per step at each: only how the global batch is cut
-changes. Larger micro-batches run somewhat more efficient kernels and, pipelined, a smaller
-bubble, but nothing in a layout's work or bytes makes a step's time proportional to the number
-of micro-batches whatever their size. A straight line in that number (step = a + c m, m = gbs /
-(dp mbs)) with a large c is a fixed cost per micro-batch: a stall, not work. The model's own
-line over the same layouts is beside, for contrast.
+A family of runs (one model, GPU count, tp, pp, dp, ZeRO stage, global batch and sequence)
+measured at several micro-batch sizes processes the same tokens per step at each: only how the
+global batch is cut changes. Larger micro-batches run somewhat more efficient kernels and,
+pipelined, a smaller bubble; what a micro-batch costs whatever its size (kernel launches,
+collective latencies) is small. A straight line in the number of micro-batches (step = a + c m,
+m = gbs / (dp mbs)) with a large slope c is a fixed cost per micro-batch far above those: a
+stall, not work. The model's own line over the same layouts is beside, for contrast.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-FAMILY = ["model", "num_gpus", "gpus_per_node", "tp", "pp", "dp", "zero"]
+FAMILY = ["model", "num_gpus", "gpus_per_node", "tp", "pp", "dp", "zero", "gbs", "seq_len"]
 NUMERIC = ["num_gpus", "gpus_per_node", "tp", "pp", "dp", "mbs", "gbs", "seq_len"]
 DEFAULT_NODE = 8  # GPUs per node where a row leaves it blank (every H100/A100 source here)
 
@@ -29,15 +29,15 @@ def _line(micro: pd.Series, step: pd.Series) -> tuple[float, float]:
 
 def kind(tp: float, pp: float, dp: float, node: float) -> str:
     """Where a layout's communication runs: TP inside a node or across nodes; with pipelining,
-    whether neighbouring stages (tp*dp ranks apart, Megatron's and nanotron's rank order) share
-    a node."""
+    whether every hop between neighbouring stages (tp*dp ranks apart, Megatron's and
+    nanotron's rank order) crosses nodes, or only some or none do."""
     if tp > node:
         return "tp across nodes"
     if pp == 1:
         return "pp 1, tp in a node"
     if tp * dp < node:
-        return "pipelined, neighbouring stages in one node"
-    return "pipelined, neighbouring stages on different nodes"
+        return "pipelined, some or no stage hops cross nodes"
+    return "pipelined, every stage hop crosses nodes"
 
 
 def micro_batch_lines(
@@ -87,8 +87,8 @@ def micro_batch_lines(
 
 KINDS = [
     "pp 1, tp in a node",
-    "pipelined, neighbouring stages in one node",
-    "pipelined, neighbouring stages on different nodes",
+    "pipelined, some or no stage hops cross nodes",
+    "pipelined, every stage hop crosses nodes",
     "tp across nodes",
 ]
 

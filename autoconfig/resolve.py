@@ -50,12 +50,29 @@ def defaults(fw: FrameworkSpec, row: pd.Series, unknown: pd.Series) -> dict:
     return {k: v for k, v in values.items() if unknown[k]}
 
 
+def split_units(fw: FrameworkSpec, layers: int, ends_split: float, to_interleave: float) -> tuple:
+    """What pp*vp chunks must divide for the framework to interleave: the layers; or either
+    the layers or the layers + 2 where the split may count the embedding and the head as a
+    layer each (its own split does, or it can be told to where only that divides); only the
+    layers + 2 where a row states that a Megatron-style split counted them (with the
+    account_for flags on, megatron-core 0.16.1 asks for layers + 2 divisible by pp*vp)."""
+    if ends_split > 0 and not fw.does.counts_ends_as_layers:
+        return (layers + 2,)
+    if ends_split > 0 or to_interleave > 0:
+        return (layers, layers + 2)
+    return (layers,)
+
+
 def options(
-    fw: FrameworkSpec, row: pd.Series, unknown: pd.Series, layers: int, count_ends: bool = False
+    fw: FrameworkSpec,
+    row: pd.Series,
+    unknown: pd.Series,
+    layers: int,
+    units: tuple | None = None,
 ) -> list[dict]:
     """Every combination of values the framework could have used for the row's unknowns.
-    Virtual stages must cut the layers into pp*vp equal chunks, or with `count_ends` (the
-    split may count the embedding and the head as a layer each) the layers + 2."""
+    Virtual stages must cut one of `units` (`split_units`; the layers by default) into pp*vp
+    equal chunks."""
     tp, pp = int(row["tp"]), int(row["pp"])
     choices: dict[str, list] = {}
     if unknown["zero"]:
@@ -68,8 +85,7 @@ def options(
         if mode == "never":
             choices["sp"] = [False]
     if unknown["vp"]:
-        units = (layers, layers + 2) if count_ends else (layers,)
-        extra = [v for v in VP_CHOICES if any(n % (pp * v) == 0 for n in units)]
+        extra = [v for v in VP_CHOICES if any(n % (pp * v) == 0 for n in units or (layers,))]
         choices["vp"] = [1] + (extra if fw.allows("interleaving") else [])
     if unknown["etp"]:
         choices["etp"] = sorted({1, tp}) if fw.allows("expert_tensor_parallel") else [1]
@@ -86,10 +102,9 @@ def resolve(
     table = rows.layouts
     failed = np.zeros(len(table), bool) if failed is None else np.asarray(failed, bool)
     todo = np.flatnonzero(rows.unknown.any(axis=1).to_numpy())
-    does = rows.behaviour
-    ends = np.broadcast_to(
-        (np.asarray(does.ends_split) > 0) | (np.asarray(does.ends_split_to_interleave) > 0),
-        (len(table),),
+    ends = np.broadcast_to(np.asarray(rows.behaviour.ends_split, float), (len(table),))
+    told = np.broadcast_to(
+        np.asarray(rows.behaviour.ends_split_to_interleave, float), (len(table),)
     )
     picks: list[tuple[int, dict]] = []
     for i in todo:
@@ -97,7 +112,9 @@ def resolve(
         if failed[i]:
             picks.append((int(i), defaults(fw, row, unknown)))
             continue
-        for choice in options(fw, row, unknown, rows.models[i].layers, bool(ends[i])):
+        layers = rows.models[i].layers
+        units = split_units(fw, layers, ends[i], told[i])
+        for choice in options(fw, row, unknown, layers, units):
             picks.append((int(i), choice))
     chosen = table.copy()
     winners = _fastest_fitting(rows, table, picks, todo)
@@ -231,8 +248,9 @@ def as_framework_would(
     fewest layers per stage that fit. `shape` holds the model and run figures the layout rules
     check (heads, kv_heads, layers, experts, num_gpus, gbs, seq)."""
     unknown = pd.Series({d: d in auto for d in RESOLVABLE})
-    count_ends = bool(np.any(does.ends_split)) or bool(np.any(does.ends_split_to_interleave))
-    choices = options(fw, pd.Series(run.model_dump()), unknown, spec.layers, count_ends)
+    told = float(np.max(does.ends_split_to_interleave))
+    units = split_units(fw, spec.layers, float(np.max(does.ends_split)), told)
+    choices = options(fw, pd.Series(run.model_dump()), unknown, spec.layers, units)
     best = _fastest_config(fw, spec, hardware, does, run, choices, limit_gb, shape)
     if best.recompute.value == "full" and "recompute" in auto and fw.allows("partial_recompute"):
         partial = [{"recompute_layers": k} for k in partial_counts(best.model_dump(), spec)]

@@ -13,7 +13,12 @@ from conftest import assert_user_error, make_inputs, run_cli
 
 from autoconfig import api, catalog, frameworks, layout
 from autoconfig.cost import evaluate
-from autoconfig.cost.inputs import last_stage_layers, last_stage_rank, stage_layers
+from autoconfig.cost.inputs import (
+    busiest_rank_layers,
+    last_stage_layers,
+    last_stage_rank,
+    stage_layers,
+)
 from autoconfig.cost.layer import head_ops
 from autoconfig.cost.memory import in_flight, memory
 from autoconfig.cost.timing import _fwd_bwd, step_time
@@ -21,6 +26,8 @@ from autoconfig.errors import UserError
 from autoconfig.report import exports
 from autoconfig.resolve import read_resolved
 from autoconfig.specs import FrameworkSpec
+from autoconfig.trainer.config import TrainConfig
+from autoconfig.training.space import counts_ends_to_interleave
 from autoconfig.validation import load_training_runs
 
 
@@ -540,6 +547,15 @@ def test_an_interleaved_split_counting_the_ends_is_emitted_as_it_is_predicted(
     assert len(chunks) == pp * vp and "".join(chunks).count("t") == layers
     assert chunks[0] == "E" + "t" * (per - 1) and chunks[-1] == "t" * (per - 1) + "L"
     assert all(c == "t" * per for c in chunks[1:-1])
+    # the bundled trainer builds the same chunks, and the busiest rank holds what the cost
+    # model charges (rank r holds chunks r, r + pp, ...)
+    cfg = TrainConfig.model_construct(pp=pp, vp=vp)
+    built = [len(cfg.stage_layer_ids(layers, c)) for c in range(pp * vp)]
+    assert built == [c.count("t") for c in chunks]
+    ranks = [sum(built[r::pp]) for r in range(pp)]
+    assert max(ranks) == busiest_rank_layers(layers, pp, vp)
+    every = [i for c in range(pp * vp) for i in cfg.stage_layer_ids(layers, c)]
+    assert every == list(range(layers))  # each layer once, in order
     row = layout.plain(layout.Layout(tp=8, pp=pp, vp=vp, dp=4, mbs=1).model_dump())
     megatron = exports.export("megatron", row, layers, 4 * pp, 8192, "bf16")
     assert (
@@ -551,6 +567,9 @@ def test_an_interleaved_split_counting_the_ends_is_emitted_as_it_is_predicted(
     assert "account_for_embedding_in_pipeline_split = True" in nemo
     assert "account_for_loss_in_pipeline_split = True" in nemo
     assert "num_layers_in_last_pipeline_stage" not in nemo
+    # multi-token prediction sits before the loss, in the last chunk
+    mtp = exports.export("megatron", row, layers, 4 * pp, 8192, "bf16", mtp=1)
+    assert f'{exports.pipeline_layout(layers, pp * vp)[:-1]}mL"' in mtp
     # a layout the layers alone divide keeps the even split's flags
     even = exports.export("megatron", row | {"vp": 1}, layers, 4 * pp, 8192, "bf16")
     assert "--pipeline-model-parallel-layout" not in even
@@ -572,6 +591,9 @@ def test_megatron_interleaves_llama3_405b_on_16_stages_by_counting_the_ends() ->
     assert step_time(balanced).total == pytest.approx(
         step_time(replace_inputs(base, balanced_split=1.0)).total, rel=1e-9
     )
+    # two stages: each rank holds 63 layers and one end, the last rank the head
+    slot, layer, head = _slot("llama3-405b", pp=2.0, vp=2.0, ends_split_to_interleave=1.0)
+    assert slot == pytest.approx(63 * layer + head, rel=1e-6)
     divides = make_inputs("llama3-405b", gpu="h100-sxm-80gb", tp=8.0, pp=9.0, vp=2.0, dp=8.0)
     assert step_time(replace_inputs(divides, ends_split_to_interleave=1.0)).total == (
         pytest.approx(step_time(divides).total, rel=1e-9)
@@ -613,8 +635,13 @@ def test_the_search_proposes_what_counting_the_ends_lets_megatron_interleave() -
     table = api.search("llama3-405b", 2048, "h100-sxm-80gb", framework="megatron").table
     piped = table[(table["pp"] == 16) & (table["vp"] > 1)]
     assert len(piped) and (128 % (16 * piped["vp"]) == 0).all()
-    table = api.search("llama3-405b", 2048, "h100-sxm-80gb", framework="deepspeed").table
-    assert (table["vp"] == 1).all()
+    # what lets the search propose them: Megatron can be told to count the ends, torchtitan's
+    # own split does; a Megatron-like profile without the option cannot
+    raw = catalog.get_framework("megatron").model_dump()
+    raw["can"]["ends_as_layers_split"] = {"value": False, "source": "a test"}
+    told = [catalog.get_framework(n) for n in ("megatron", "nemo", "torchtitan", "deepspeed")]
+    told.append(FrameworkSpec.model_validate(raw))
+    assert [counts_ends_to_interleave(f) for f in told] == [True, True, True, False, False]
 
 
 def test_a_torchtitan_row_naming_an_interleaved_schedule_ran_two_stages_per_rank(

@@ -191,7 +191,7 @@ def search(
         print(
             exports.export(
                 emit, result.best, r.model.layers, r.gbs, r.seq_len, r.precision,
-                experts=r.model.num_experts,
+                experts=r.model.num_experts, mtp=r.model.mtp_layers,
             )
         )  # fmt: skip
     if not result.feasible:

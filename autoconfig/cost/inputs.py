@@ -196,7 +196,8 @@ def busiest_rank_layers(layers: Col, pp: Col, vp: Col) -> Col:
     splits put the extra layer on some ranks). An interleaved layout that divides only with
     the embedding and the head counted as layers (`interleaves_by_counting_ends`) gives every
     rank (layers + 2)/pp units, the first and the last one layer fewer: with two stages both
-    ranks hold layers/2."""
+    ranks hold layers/2. Such a layout runs only that way (a framework that cannot count the
+    ends cannot interleave it), so the count does not ask the framework."""
     even = np.ceil(layers / (pp * vp)) * vp
     by_ends = interleaves_by_counting_ends(layers, pp, vp)
     if not np.any(by_ends):
@@ -224,7 +225,8 @@ def interleaves_by_counting_ends(layers: Col, pp: Col, vp: Col) -> Col:
     fewer on the first and the last stage)."""
     chunks = np.asarray(pp, float) * np.asarray(vp, float)
     layers = np.asarray(layers, float)
-    return (np.asarray(vp) > 1) & (layers % chunks != 0) & ((layers + 2.0) % chunks == 0)
+    interleaved = (np.asarray(vp) > 1) & (np.asarray(pp) > 1)
+    return interleaved & (layers % chunks != 0) & ((layers + 2.0) % chunks == 0)
 
 
 def counts_ends(x: CostInputs) -> Col:

@@ -299,7 +299,10 @@ def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_ex
     flat = np.maximum(per * layer, last * layer + last_extra)
     even = np.where(piped & (x.vp == 1), flat, per_stage * layer + last_extra)
     chunk_units = (x.layers + 2.0) / (x.pp * x.vp)
+    # A middle rank holds whole chunks of layers; with two stages there is none, and the
+    # first rank holds a layer fewer plus the embedding.
     ends_first = np.ceil(chunk_units - 1e-9) * x.vp * layer
+    ends_first = np.where(x.pp == 2, ends_first - layer + (ends - last_extra), ends_first)
     ends_last = np.maximum(np.floor(chunk_units + 1e-9) * x.vp - 1.0, 0.0) * layer + last_extra
     counted = np.where(piped, np.maximum(ends_first, ends_last), even)
     balanced = np.ceil((x.layers * layer + ends) / (x.pp * layer) - 1e-9) * layer

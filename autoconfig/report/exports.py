@@ -62,7 +62,13 @@ YAML = (Framework.NANOTRON, Framework.COMPOSER)
 
 
 def context(
-    row: Mapping[str, Any], layers: int, gbs: int, seq_len: int, precision: str, experts: int = 0
+    row: Mapping[str, Any],
+    layers: int,
+    gbs: int,
+    seq_len: int,
+    precision: str,
+    experts: int = 0,
+    mtp: int = 0,
 ) -> dict:
     """Every value a flag template may name: the layout, the run, and derived values (None
     where they do not apply, which leaves their flag out)."""
@@ -78,8 +84,8 @@ def context(
     # the split the cost model charges (cost.inputs.even_split_layers)
     last = int(even_split_layers(np.float64(layers), np.float64(pp))[1])
     c["uneven_last_stage_layers"] = last if uneven else None
-    c["nemo_even_split"] = str(ends) if pp > 1 else None
-    c["megatron_pipeline_layout"] = pipeline_layout(layers, pp * vp) if ends else None
+    c["nemo_ends_as_layers"] = str(ends) if pp > 1 else None
+    c["megatron_pipeline_layout"] = pipeline_layout(layers, pp * vp, mtp) if ends else None
     c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 and not ends else None
     # Megatron-Core counts --recompute-num-layers within each model chunk (TransformerBlock
     # recomputes its own first N layers), so a rank's count splits over its vp chunks.
@@ -101,19 +107,19 @@ def context(
     return c
 
 
-def pipeline_layout(layers: int, chunks: int) -> str:
+def pipeline_layout(layers: int, chunks: int, mtp: int = 0) -> str:
     """Megatron-Core's --pipeline-model-parallel-layout for `layers` over `chunks` model
     chunks (pp*vp, in the order the layout lists them) with the embedding (E) and the loss (L)
     counted as a layer each: every chunk (layers + 2)/chunks units, the first and the last one
-    layer fewer (transformer/pipeline_parallel_layer_layout.py, megatron-core 0.16.1). The
-    layout states the split itself, where --account-for-*-in-pipeline-split would leave the
-    virtual-stage flag to say how many layers a chunk holds."""
+    layer fewer (transformer/pipeline_parallel_layer_layout.py, megatron-core 0.16.1); `mtp`
+    multi-token-prediction layers (m) sit before the loss, which Megatron-Core asks the layout
+    to place. The layout states the whole split, virtual stages included."""
     per = (layers + 2) // chunks
 
     def run(n: int) -> str:
         return "" if n == 0 else "t" if n == 1 else f"t*{n}"
 
-    return f"E{run(per - 1)}|({run(per)}|)*{chunks - 2}{run(per - 1)}L"
+    return f"E{run(per - 1)}|({run(per)}|)*{chunks - 2}{run(per - 1)}{'m' * mtp}L"
 
 
 def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[str, ...]:
@@ -158,10 +164,11 @@ def lines(
     seq_len: int,
     precision: str,
     experts: int = 0,
+    mtp: int = 0,
 ) -> list[str]:
     """The framework's settings for the layout in `row` (of a model with `experts` routed
-    experts), one per line, in declaration order."""
-    ctx = context(row, layers, gbs, seq_len, precision, experts)
+    experts and `mtp` multi-token-prediction layers), one per line, in declaration order."""
+    ctx = context(row, layers, gbs, seq_len, precision, experts, mtp)
     out: list[str] = []
     for d in layout.DIMENSIONS:
         out += [t for t in (_render(t, ctx) for t in _templates(d, framework, row[d.name])) if t]
@@ -177,10 +184,11 @@ def export(
     seq_len: int,
     precision: str,
     experts: int = 0,
+    mtp: int = 0,
 ) -> str:
     """The launch settings as text the framework reads."""
     framework = Framework.parse(framework, "emit")
-    settings = lines(framework, row, layers, gbs, seq_len, precision, experts)
+    settings = lines(framework, row, layers, gbs, seq_len, precision, experts, mtp)
     if framework is Framework.NEMO:
         return "\n".join([HEADER[framework], *settings])
     if framework is Framework.TORCHTITAN:

@@ -208,6 +208,7 @@ class TrainConfig(Layout):
         )
         if shared:  # what makes the layout impossible anywhere (autoconfig.layout)
             raise UserError(shared)
+        counted = self.interleaves_counting_ends(spec.layers)
         rules = [
             (
                 self.world_size is not None
@@ -222,11 +223,11 @@ class TrainConfig(Layout):
                 f"tp: {self.tp} must divide kv_heads ({spec.kv}) or be a multiple of them",
             ),
             (
-                self.pp * self.vp > spec.layers and not self.counts_ends(spec.layers),
+                self.pp * self.vp > spec.layers and not counted,
                 f"pp: pp*vp = {self.pp * self.vp} exceeds the {spec.layers} layers",
             ),
             (
-                spec.layers % (self.pp * self.vp) != 0 and not self.counts_ends(spec.layers),
+                spec.layers % (self.pp * self.vp) != 0 and not counted,
                 f"pp: pp*vp = {self.pp * self.vp} must divide the {spec.layers} layers (or, "
                 f"interleaved, {spec.layers} + 2 with the embedding and the head as layers)",
             ),
@@ -315,7 +316,7 @@ class TrainConfig(Layout):
     def seq(self, spec: ModelSpec | None = None) -> int:
         return (spec or self.spec()).seq_len if self.seq_len is None else self.seq_len
 
-    def counts_ends(self, layers: int) -> bool:
+    def interleaves_counting_ends(self, layers: int) -> bool:
         """Interleaved with the embedding and the head counted as a layer each, because only
         layers + 2 divide into the pp*vp chunks (as the cost model and Megatron's exported
         layout split it: cost.inputs.counts_ends)."""
@@ -326,7 +327,7 @@ class TrainConfig(Layout):
         layers + 2 units (the embedding first, the head last) where only those divide, which
         leaves the first and the last stage one layer fewer."""
         stages = self.pp * self.vp
-        if not self.counts_ends(layers):
+        if not self.interleaves_counting_ends(layers):
             per = layers // stages
             return list(range(stage * per, (stage + 1) * per))
         per = (layers + 2) // stages

@@ -74,7 +74,9 @@ def training_inputs_of_runs(configs: list[TrainConfig], profiles: list[str]) -> 
         layout.frame_of(dims),
         np.array([cfg.global_batch for cfg in configs], float),
         np.array([cfg.seq(s) for cfg, s in zip(configs, specs, strict=True)], float),
-        Behaviour(sp_saves_gathered=1.0),  # DTensor SP keeps the all-gathered inputs
+        # DTensor SP keeps the all-gathered inputs; an interleave that divides only with the
+        # embedding and the head counted as layers is split so (TrainConfig.stage_layer_ids)
+        Behaviour(sp_saves_gathered=1.0, ends_split_to_interleave=1.0),
     )
 
 

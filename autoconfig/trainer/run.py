@@ -307,7 +307,7 @@ def _local_bytes(t: torch.Tensor) -> int:
 
 class LayerProbe:
     """Counts what the first micro-batch's forward saves for backward, per layer and in all
-    (one stage module per rank; interleaved chunks count their first chunk)."""
+    (one stage module per rank; interleaved chunks count their first chunk with layers)."""
 
     def __init__(self, counter: ops.SavedBytes, model: torch.nn.Module) -> None:
         self.counter, self.calls, self.handles = counter, 0, []
@@ -416,7 +416,10 @@ def train(cfg: TrainConfig, out: Path) -> int:
 
 def train_loop(state: Rank) -> dict:
     cfg = state.cfg
-    probe = LayerProbe(state.counter, state.chunks[0])
+    # The first chunk holding layers: an interleave counting the embedding and the head as
+    # layers can leave the first chunk only the embedding.
+    layered = [c for c in state.chunks if len(getattr(c, "module", c).layers)]
+    probe = LayerProbe(state.counter, (layered or state.chunks)[0])
     state.counter.stack = []
     times, losses, routed, dropped = [], [], [], []
     for step in range(cfg.steps):

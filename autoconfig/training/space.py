@@ -141,9 +141,7 @@ def enumerate_candidates(
         first = {**defaults, **s, "dp": dp, **shape, "gbs": dp}
         keep = _apply(
             [(f"{n}: {r}", bad) for n, r, bad in layout.rules(first)]
-            + _structure_policies(
-                s, layers, seq_len, space, bool(framework.can.ends_as_layers_split.value)
-            ),
+            + _structure_policies(s, layers, seq_len, space, counts_ends_to_interleave(framework)),
             per_structure,
             dropped,
         )
@@ -176,6 +174,12 @@ def enumerate_candidates(
         keep &= can
     table = pd.DataFrame({d.name: _typed(d, cols[d.name][keep]) for d in layout.DIMENSIONS})
     return Candidates(table.drop_duplicates(ignore_index=True), enumerated, dropped, left_out)
+
+
+def counts_ends_to_interleave(framework: FrameworkSpec) -> bool:
+    """Whether `framework` splits an interleaved layout with the embedding and the head counted
+    as a layer each where only that divides: its own split does, or it can be told to."""
+    return bool(framework.allows("ends_as_layers_split")) or framework.does.counts_ends_as_layers
 
 
 def _structure_policies(
