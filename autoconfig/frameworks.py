@@ -98,6 +98,12 @@ def first_broken(fw: FrameworkSpec, c: Mapping[str, Any]) -> str:
     return ""
 
 
+def counts_ends_to_interleave(fw: FrameworkSpec) -> bool:
+    """Whether `fw` splits an interleaved layout with the embedding and the head counted as a
+    layer each where only that divides: its own split does, or it can be told to."""
+    return bool(fw.allows("ends_as_layers_split")) or fw.does.counts_ends_as_layers
+
+
 def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour:
     """The framework's Behaviour columns for runs at `precision` (one per row or one for all):
     fp8 weights only with 8-bit recipes."""
@@ -118,7 +124,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         cost_split=float(does.splits_by_cost),
         balanced_split=float(does.balances_by_hand),
         ends_split=float(does.counts_ends_as_layers),
-        ends_split_to_interleave=float(bool(fw.allows("ends_as_layers_split"))),
+        ends_split_to_interleave=float(counts_ends_to_interleave(fw)),
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy.stats import linregress
 
 FAMILY = ["model", "num_gpus", "gpus_per_node", "tp", "pp", "dp", "zero", "gbs", "seq_len"]
 NUMERIC = ["num_gpus", "gpus_per_node", "tp", "pp", "dp", "mbs", "gbs", "seq_len"]
@@ -20,11 +21,11 @@ DEFAULT_NODE = 8  # GPUs per node where a row leaves it blank (every H100/A100 s
 
 
 def _line(micro: pd.Series, step: pd.Series) -> tuple[float, float]:
-    """(slope in seconds per micro-batch, R^2) of a least-squares line through the points."""
-    slope, intercept = np.polyfit(micro, step, 1)
-    residual = ((step - (intercept + slope * micro)) ** 2).sum()
-    spread = ((step - step.mean()) ** 2).sum()
-    return float(slope), float(1.0 - residual / spread) if spread > 0 else 1.0
+    """(slope in seconds per micro-batch, R^2) of a least-squares line through the points
+    (R^2 NaN where the steps do not vary)."""
+    with np.errstate(all="ignore"):
+        fit = linregress(micro, step)
+    return float(fit.slope), float(fit.rvalue**2)
 
 
 def kind(tp: float, pp: float, dp: float, node: float) -> str:

@@ -27,7 +27,6 @@ from autoconfig.report import exports
 from autoconfig.resolve import read_resolved
 from autoconfig.specs import FrameworkSpec
 from autoconfig.trainer.config import TrainConfig
-from autoconfig.training.space import counts_ends_to_interleave
 from autoconfig.validation import load_training_runs
 
 
@@ -444,27 +443,28 @@ def test_each_way_of_cutting_the_pipeline_puts_the_head_where_the_framework_does
     assert slot < even and slot / layer == pytest.approx(round(slot / layer), abs=1e-6)
 
 
-def test_a_row_stating_how_it_cut_its_pipeline_is_predicted_so() -> None:
-    row = {
-        "model": "llama3-8b",
+def _split_row(model: str, **layout: object) -> dict:
+    """A Megatron row naming a catalog model (its blank shape cells taken from the catalog)
+    with its pipeline split left to the framework."""
+    return {
+        "model": model,
         "layers": "",
         "hidden": "",
         "heads": "",
         "vocab": "",
         "seq_len": 8192,
         "gpu": "h100-sxm-80gb",
-        "num_gpus": 4,
-        "tp": 1,
-        "pp": 4,
-        "vp": 1,
-        "mbs": 1,
-        "gbs": 8,
         "framework": "megatron",
         "zero": 1,
-        "recompute": "none",
+        "mbs": 1,
         "balanced_pipeline": "",
         "pipeline_ends_as_layers": "",
+        **layout,
     }
+
+
+def test_a_row_stating_how_it_cut_its_pipeline_is_predicted_so() -> None:
+    row = _split_row("llama3-8b", num_gpus=4, tp=1, pp=4, vp=1, gbs=8, recompute="none")
     runs = pd.DataFrame(
         [row, row | {"pipeline_ends_as_layers": "y"}, row | {"balanced_pipeline": "y"}]
     ).astype(str)
@@ -605,25 +605,9 @@ def test_megatron_interleaves_llama3_405b_on_16_stages_by_counting_the_ends() ->
 
 
 def test_unknown_vp_interleaves_by_counting_the_ends_unless_the_row_says_not_to() -> None:
-    row = {
-        "model": "llama3-405b",
-        "layers": "",
-        "hidden": "",
-        "heads": "",
-        "vocab": "",
-        "seq_len": 8192,
-        "gpu": "h100-sxm-80gb",
-        "num_gpus": 1024,
-        "tp": 8,
-        "pp": 16,
-        "vp": "unknown",
-        "mbs": 1,
-        "gbs": 512,
-        "framework": "megatron",
-        "zero": 1,
-        "recompute": "full",
-        "pipeline_ends_as_layers": "",
-    }
+    row = _split_row(
+        "llama3-405b", num_gpus=1024, tp=8, pp=16, vp="unknown", gbs=512, recompute="full"
+    )
     runs = pd.DataFrame([row, row | {"pipeline_ends_as_layers": "n"}]).astype(str)
     free, even = api.estimate_frame(runs).itertuples()
     assert int(free.resolved_vp) > 1 and (128 % (16 * int(free.resolved_vp))) == 0
@@ -641,7 +625,8 @@ def test_the_search_proposes_what_counting_the_ends_lets_megatron_interleave() -
     raw["can"]["ends_as_layers_split"] = {"value": False, "source": "a test"}
     told = [catalog.get_framework(n) for n in ("megatron", "nemo", "torchtitan", "deepspeed")]
     told.append(FrameworkSpec.model_validate(raw))
-    assert [counts_ends_to_interleave(f) for f in told] == [True, True, True, False, False]
+    counts = [frameworks.counts_ends_to_interleave(f) for f in told]
+    assert counts == [True, True, True, False, False]
 
 
 def test_a_torchtitan_row_naming_an_interleaved_schedule_ran_two_stages_per_rank(

@@ -199,11 +199,8 @@ def busiest_rank_layers(layers: Col, pp: Col, vp: Col) -> Col:
     ranks hold layers/2. Such a layout runs only that way (a framework that cannot count the
     ends cannot interleave it), so the count does not ask the framework."""
     even = np.ceil(layers / (pp * vp)) * vp
-    by_ends = interleaves_by_counting_ends(layers, pp, vp)
-    if not np.any(by_ends):
-        return even
     counted = (np.asarray(layers, float) + 2.0) / pp - np.where(np.asarray(pp) == 2, 1.0, 0.0)
-    return np.where(by_ends, counted, even)
+    return np.where(interleaves_by_counting_ends(layers, pp, vp), counted, even)
 
 
 def even_split_layers(layers: Col, pp: Col) -> tuple[Col, Col]:

@@ -132,6 +132,7 @@ def enumerate_candidates(
         "seq": float(seq_len),
     }
     layers = float(model.layers)
+    count_ends = frameworks.counts_ends_to_interleave(framework)
     defaults = {d.name: d.code(d.default) for d in layout.DIMENSIONS}
     with np.errstate(all="ignore"):
         s = structure
@@ -141,7 +142,7 @@ def enumerate_candidates(
         first = {**defaults, **s, "dp": dp, **shape, "gbs": dp}
         keep = _apply(
             [(f"{n}: {r}", bad) for n, r, bad in layout.rules(first)]
-            + _structure_policies(s, layers, seq_len, space, counts_ends_to_interleave(framework)),
+            + _structure_policies(s, layers, seq_len, space, count_ends),
             per_structure,
             dropped,
         )
@@ -174,12 +175,6 @@ def enumerate_candidates(
         keep &= can
     table = pd.DataFrame({d.name: _typed(d, cols[d.name][keep]) for d in layout.DIMENSIONS})
     return Candidates(table.drop_duplicates(ignore_index=True), enumerated, dropped, left_out)
-
-
-def counts_ends_to_interleave(framework: FrameworkSpec) -> bool:
-    """Whether `framework` splits an interleaved layout with the embedding and the head counted
-    as a layer each where only that divides: its own split does, or it can be told to."""
-    return bool(framework.allows("ends_as_layers_split")) or framework.does.counts_ends_as_layers
 
 
 def _structure_policies(
