@@ -62,6 +62,9 @@ class Behaviour:
     ends_split: Values = 0.0  # the embedding and LM head each count as a layer in the split
     # ... where that lets an interleaved layout divide, when the framework can be told to
     ends_split_to_interleave: Values = 0.0
+    # torch.autocast over fp32 weights (the bundled trainer on GPU): the residual stream and the
+    # norms stay fp32 and each linear casts its own bf16 copy of its input
+    autocast_fp32: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -14,8 +14,10 @@ from autoconfig.errors import UserError
 from autoconfig.measure import calibrate, summary
 from autoconfig.measure.candidates import build
 from autoconfig.measure.result import MeasuredSearch
+from autoconfig.measure.runner import memory_verdict
 from autoconfig.measure.sampler import CandidateSampler, distributions
 from autoconfig.measure.study import enqueue_top, open_storage, open_study
+from autoconfig.trainer.metrics import RunMetrics
 
 OVERRIDES = {"steps": 3, "warmup": 1, "device": "cpu", "gpu": "cpu-gloo"}
 
@@ -214,3 +216,18 @@ def test_a_ranks_own_failure_survives_the_cut_of_a_long_message(tmp_path) -> Non
     for path in tmp_path.glob("rank*.json"):
         path.unlink()
     assert not lost_a_rank(Outcome(FailureClass.CRASH, "", assemble(cfg, tmp_path, 16)))
+
+
+def test_an_out_of_memory_trial_is_judged_by_the_prediction_of_the_run_as_launched() -> None:
+    search_says = {"pred_peak_mem_gb": 55.0, "mem_limit_gb": 79.6}
+    # The trainer's own prediction (autocast on GPU) put the run over the limit: the model was
+    # right about the run, the search's figure is for another framework's run.
+    over = RunMetrics(status="oom", config={}, predicted={"pred_peak_mem_gb": 81.2})
+    said = memory_verdict(search_says, over)
+    assert "81.20 GB, over the 79.60 GB limit" in said and "55.00 GB" in said
+    assert "verdict was wrong" not in said
+    under = RunMetrics(status="oom", config={}, predicted={"pred_peak_mem_gb": 61.1})
+    assert "said it fits: 61.10 of 79.60 GB" in memory_verdict(search_says, under)
+    # a run that left no prediction: the search's figure stands in
+    assert "said it fits: 55.00 of 79.60 GB" in memory_verdict(search_says, None)
+    assert memory_verdict({}, under) == ""

@@ -10,13 +10,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from autoconfig import search
-from autoconfig.cost.memory import stage_params
+from autoconfig import catalog, search
+from autoconfig.cost.memory import layer_activation_bytes, stage_params
+from autoconfig.specs import Position
+from autoconfig.trainer import ops
 from autoconfig.trainer.config import config_from_search_row, make_config
 from autoconfig.trainer.launch import launch_local
 from autoconfig.trainer.metrics import EXIT_OOM, RunMetrics, read_metrics
+from autoconfig.trainer.model import Block, rope_tables
 from tests.conftest import make_inputs
 
 STEPS = 3
@@ -147,6 +152,40 @@ def test_saved_activations_match_the_cost_model(tmp_path, layout) -> None:
     measured = metrics.memory[0].saved_activation_bytes_per_layer
     predicted = metrics.predicted["act_bytes_per_layer"]
     assert predicted == pytest.approx(measured, rel=0.03)
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt"])
+def test_autocast_activations_match_the_cost_model(model: str) -> None:
+    """A layer under autocast over fp32 weights, as the trainer runs on GPU (here CPU autocast):
+    the bytes it saves for backward, autocast's weight copies left out, against the cost
+    model's figure with `autocast_fp32`."""
+    spec = catalog.get_model(model)
+    torch.manual_seed(0)
+    block, seq, mbs = Block(spec), 128, 2
+    rope = rope_tables(seq, spec.dhead) if spec.position == Position.ROPE else None
+    counter = ops.SavedBytes()
+    counter.ignore_parameters(block)
+    counter.stack = ["all"]
+    x = torch.randn(mbs, seq, spec.hidden, requires_grad=True)
+    with counter.hooks(), torch.autocast("cpu", torch.bfloat16):
+        block(x, rope)
+    inputs = make_inputs(model, autocast_fp32=1.0, flash=1.0, seq=seq, mbs=mbs)
+    predicted = float(layer_activation_bytes(inputs, np.float64(mbs * seq))[0])
+    assert counter.by_region["all"] == pytest.approx(predicted, rel=0.02)
+
+
+def test_autocasts_weight_copies_are_not_activations() -> None:
+    linear = torch.nn.Linear(64, 32, bias=False)
+    x = torch.randn(8, 64, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    with (
+        torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t),
+        torch.autocast("cpu", torch.bfloat16),
+    ):
+        linear(x)
+    # F.linear keeps the bf16 copies of its input and of its (transposed) weight
+    kinds = sorted((ops.is_weight_cast(t), tuple(t.shape)) for t in saved)
+    assert kinds == [(False, (8, 64)), (True, (64, 32))]
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,10 @@ def evaluate(x: CostInputs) -> dict[str, Col]:
         "time_bubble_s": time.bubble,
         "time_dp_comm_s": time.dp_comm,
         "time_optimizer_s": time.optimizer,
+        # one layer's forward and backward over one micro-batch (the trainer's slice mode
+        # measures these)
+        "layer_forward_s": time.layer_fwd,
+        "layer_backward_s": time.layer_bwd,
     }
     n = x.n
     return {k: np.broadcast_to(np.asarray(v), (n,)) for k, v in out.items()}

@@ -132,6 +132,10 @@ class CostInputs:
     # whose layers alone do not divide into its pp*vp chunks but layers + 2 do
     # (`interleaves_by_counting_ends`).
     ends_split_to_interleave: Col
+    # 1 where the layers run under torch.autocast over fp32 weights (the bundled trainer on
+    # GPU): the residual stream and the norms' inputs and outputs are fp32, and every linear
+    # casts, and keeps for backward, its own bf16 copy of its input (q, k and v three copies).
+    autocast_fp32: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -187,6 +191,7 @@ OPTIONAL_COLUMNS = {
     "balanced_split": 0.0,
     "ends_split": 0.0,
     "ends_split_to_interleave": 0.0,
+    "autocast_fp32": 0.0,
     "etp": 1.0,
 }
 

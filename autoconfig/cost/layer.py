@@ -145,8 +145,9 @@ def attention_ops(x: CostInputs) -> list[Op]:
     # What the column-parallel GEMMs after a norm keep: the shard, or the gathered input.
     gathered_in = np.where(x.sp_saves_gathered > 0, 1.0, sp)
     gemm_in = x.gemm_bytes
-    norm_saved = np.where(x.layernorm > 0, 2.0 * h + 8.0, 2.0 * h + 4.0)  # input + fp32 stats
+    norm_saved = norm_saved_bytes(x)  # input + fp32 stats
     qk, v, kv_out = attention_widths(x)
+    residual_moved = residual_moved_bytes(x)
     mla = x.kv_lora > 0
     # Multi-head latent attention: down-projections to the latents (replicated over TP, as
     # Megatron-Core's MLA keeps them), then column-parallel up-projections.
@@ -166,10 +167,13 @@ def attention_ops(x: CostInputs) -> list[Op]:
             "attn_norm",
             "memory",
             saved=a * norm_saved / sp,
-            moved=a * 4.0 * h / sp,
+            moved=a * norm_moved_bytes(x) / sp,
             kernels=a,
             params=a * norm_params(x),
         ),
+        # Under autocast q, k and v each cast the fp32 norm output to bf16 and keep their copy
+        # (q_proj counts the first).
+        _autocast_casts("attn_input_casts", x, a, np.where(mla, 0.0, 3.0), h / gathered_in),
         Op(
             "latent_down",
             "gemm",
@@ -235,7 +239,7 @@ def attention_ops(x: CostInputs) -> list[Op]:
             weight_bytes=a * 2.0 * v * h / t,
             kernels=a,
         ),
-        Op("attn_residual", "memory", saved=a * x.dropout * h / sp, moved=a * 6.0 * h / sp),
+        Op("attn_residual", "memory", saved=a * x.dropout * h / sp, moved=a * residual_moved / sp),
     ]
 
 
@@ -253,7 +257,7 @@ def mlp_ops(x: CostInputs) -> list[Op]:
     t, sp, h, m = x.tp, sp_div(x), x.hidden, x.mlp_share
     gathered_in = np.where(x.sp_saves_gathered > 0, 1.0, sp)
     gemm_in = x.gemm_bytes
-    norm_saved = np.where(x.layernorm > 0, 2.0 * h + 8.0, 2.0 * h + 4.0)
+    norm_saved = norm_saved_bytes(x)
     gate = np.where(x.mlp_kind == SWIGLU, 2.0, 1.0)
     moe = x.moe_share * m
     dense_w, routed_w, shared_w = mlp_widths(x)
@@ -274,10 +278,12 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             "mlp_norm",
             "memory",
             saved=m * norm_saved / sp,
-            moved=m * 4.0 * h / sp,
+            moved=m * norm_moved_bytes(x) / sp,
             kernels=m,
             params=m * norm_params(x),
         ),
+        # Under autocast the dense MLP's up (and gate) projection casts its own bf16 copy.
+        _autocast_casts("mlp_input_casts", x, m - moe, gate, h / gathered_in),
         Op(
             "router",
             "gemm",
@@ -393,7 +399,12 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             moved=act_moved * act_in,
             kernels=np.where(m > 0, 1.0, 0.0),
         ),
-        Op("mlp_residual", "memory", saved=m * x.dropout * h / sp, moved=m * 6.0 * h / sp),
+        Op(
+            "mlp_residual",
+            "memory",
+            saved=m * x.dropout * h / sp,
+            moved=m * residual_moved_bytes(x) / sp,
+        ),
     ]
 
 
@@ -478,8 +489,41 @@ def op_level_sac_bytes(x: CostInputs) -> Col:
 
 
 def layer_input_bytes(x: CostInputs) -> Col:
-    """What a fully recomputed layer keeps: its 16-bit input (sharded with SP)."""
-    return 2.0 * x.hidden / sp_div(x)
+    """What a fully recomputed layer keeps: its input (sharded with SP), 16-bit, or fp32 under
+    autocast."""
+    return (2.0 + 2.0 * x.autocast_fp32) * x.hidden / sp_div(x)
+
+
+def norm_saved_bytes(x: CostInputs) -> Col:
+    """What a norm keeps per token: its input (fp32 under autocast) and its fp32 statistics
+    (LayerNorm's mean and rstd, RMSNorm's rstd)."""
+    stats = np.where(x.layernorm > 0, 8.0, 4.0)
+    return (2.0 + 2.0 * x.autocast_fp32) * x.hidden + stats
+
+
+def norm_moved_bytes(x: CostInputs) -> Col:
+    """A norm's reads and writes per token: its input and output, 16-bit or fp32."""
+    return (4.0 + 4.0 * x.autocast_fp32) * x.hidden
+
+
+def residual_moved_bytes(x: CostInputs) -> Col:
+    """A residual add's reads and writes per token: the stream and the branch in, the stream
+    out (the stream in fp32 under autocast)."""
+    return (6.0 + 4.0 * x.autocast_fp32) * x.hidden
+
+
+def _autocast_casts(name: str, x: CostInputs, share: Col, copies: Col, width: Col) -> Op:
+    """The bf16 casts of one fp32 input that `copies` linears make under autocast, in the
+    `share` of layers that have them: each reads 4 and writes 2 bytes per element, and all but
+    the first copy (which the GEMM's own `saved` counts) are kept for backward."""
+    share = share * x.autocast_fp32
+    return Op(
+        name,
+        "memory",
+        saved=share * np.maximum(copies - 1.0, 0.0) * 2.0 * width,
+        moved=share * copies * 6.0 * width,
+        kernels=share * copies,
+    )
 
 
 def head_ops(x: CostInputs) -> list[Op]:
@@ -489,9 +533,8 @@ def head_ops(x: CostInputs) -> list[Op]:
     Sec. 4.1: 4*s*b*v/t bytes).
     """
     t, sp, h, v = x.tp, sp_div(x), x.hidden, x.vocab
-    norm_saved = np.where(x.layernorm > 0, 2.0 * h + 8.0, 2.0 * h + 4.0)
     return [
-        Op("final_norm", "memory", saved=norm_saved / sp, moved=4.0 * h / sp),
+        Op("final_norm", "memory", saved=norm_saved_bytes(x) / sp, moved=norm_moved_bytes(x) / sp),
         Op(
             "lm_head",
             "gemm",

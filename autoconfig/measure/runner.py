@@ -26,6 +26,7 @@ from autoconfig.measure.outcome import (
 )
 from autoconfig.measure.sampler import chosen_layout, distributions, taken_keys
 from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.metrics import RunMetrics
 from autoconfig.vocab import FailureClass
 
 POLL_S = 0.1
@@ -33,6 +34,28 @@ KILL_GRACE_S = 10.0
 MAX_TRIALS = 100_000
 MAX_MINUTES = 7 * 24 * 60.0  # a week: a trial limit beyond it is a typo
 STOPPED = "the search stopped while this trial ran; --resume re-runs its layout once"
+
+
+def memory_verdict(attrs: dict, metrics: RunMetrics | None) -> str:
+    """What the cost model had said of an out-of-memory trial's peak. The trial's own
+    prediction (metrics.json: the run as the trainer launched it, under autocast on GPU, in
+    fp32 on CPU) is the like-for-like figure; the search's, for the framework it ranks for,
+    stands in when the run left none."""
+    cap = attrs.get("mem_limit_gb")
+    own = (metrics.predicted or {}).get("pred_peak_mem_gb") if metrics is not None else None
+    pred = own if own is not None else attrs.get("pred_peak_mem_gb")
+    if pred is None or cap is None:
+        return ""
+    if pred > cap:
+        return (
+            f" (the cost model put the run as launched at {pred:.2f} GB, over the {cap:.2f} GB "
+            f"limit; the search's figure, {attrs.get('pred_peak_mem_gb', 0.0):.2f} GB, is for "
+            "the framework it ranks for)"
+        )
+    return (
+        f" (the cost model said it fits: {pred:.2f} of {cap:.2f} GB; "
+        "its memory verdict was wrong here)"
+    )
 
 
 @dataclass
@@ -268,13 +291,7 @@ class Runner:
         attrs = dict(outcome.attrs)
         attrs["failure_class"] = outcome.kind.value
         if outcome.kind is FailureClass.OOM:
-            pred = trial.user_attrs.get("pred_peak_mem_gb")
-            cap = trial.user_attrs.get("mem_limit_gb")
-            if pred is not None and cap is not None:
-                outcome.reason += (
-                    f" (the cost model said it fits: {pred:.2f} of {cap:.2f} GB; "
-                    "its memory verdict was wrong here)"
-                )
+            outcome.reason += memory_verdict(trial.user_attrs, outcome.metrics)
         if outcome.reason:
             attrs["reason"] = outcome.reason
         for name, value in attrs.items():

@@ -84,9 +84,11 @@ def show(m: RunMetrics, out: Path) -> None:
     console.print(table)
     if m.slice_layer:
         s = m.slice_layer
+        fwd, bwd = pred.get("layer_forward_s"), pred.get("layer_backward_s")
+        predicted = f" (predicted {fwd * 1e3:.2f} and {bwd * 1e3:.2f} ms)" if fwd and bwd else ""
         console.print(
             f"one layer with tp={s['tp_of_shapes']} shapes: forward {s['forward_ms']:.2f} ms, "
-            f"backward {s['backward_ms']:.2f} ms"
+            f"backward {s['backward_ms']:.2f} ms{predicted}"
         )
     if m.losses:
         console.print(f"loss {m.losses[0]:.4f} -> {m.losses[-1]:.4f} over {len(m.losses)} steps")

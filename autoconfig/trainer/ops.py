@@ -89,10 +89,31 @@ def storages(t: torch.Tensor) -> list[tuple[int, int]]:
     return [(storage.data_ptr(), storage.nbytes())]
 
 
+def is_weight_cast(t: torch.Tensor, depth: int = 6) -> bool:
+    """Whether `t` is (a view of) autocast's 16-bit copy of a parameter: a chain of one-input
+    autograd nodes from `t` back to a parameter, a cast among them. Autocast caches such a
+    copy for the whole step, every micro-batch reusing it: it is the working weight copy the
+    cost model counts with the weights, not an activation."""
+    fn, cast = t.grad_fn, False
+    for _ in range(depth):
+        if fn is None:
+            return False
+        variable = getattr(fn, "variable", None)
+        if variable is not None:  # AccumulateGrad: the chain reached a leaf
+            return cast and isinstance(variable, nn.Parameter)
+        cast = cast or fn.name() == "ToCopyBackward0"
+        inputs = [source for source, _ in fn.next_functions if source is not None]
+        if len(inputs) != 1:
+            return False
+        fn = inputs[0]
+    return False
+
+
 class SavedBytes:
     """Counts the distinct storages autograd saves for backward into every region on
     `stack` (e.g. "all" and "layer3"). Storages are counted once (q/k/v linears share one
-    saved input); parameters are not activations and are skipped."""
+    saved input); parameters and autocast's copies of them are not activations and are
+    skipped."""
 
     def __init__(self) -> None:
         self.by_region: dict[str, int] = {}
@@ -108,6 +129,8 @@ class SavedBytes:
     def add(self, t: object) -> None:
         if not self.stack or not isinstance(t, torch.Tensor) or isinstance(t, nn.Parameter):
             return  # parameters (also FSDP's gathered ones) are not activations
+        if is_weight_cast(t):
+            return
         for ptr, nbytes in storages(t):
             if ptr in self._params or ptr in self.transient_params or ptr == 0:
                 continue

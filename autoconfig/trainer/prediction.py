@@ -59,9 +59,22 @@ def predicted_serving(cfg: TrainConfig, profile: str | None) -> dict:
     return _plain(preds, ("pred_", "mem_", "time_"))
 
 
-def training_inputs_of_runs(configs: list[TrainConfig], profiles: list[str]) -> CostInputs:
+def device_type_of(cfg: TrainConfig, profile: str) -> str:
+    """Where a run's ranks ran: its --device, else CPU for the cpu-gloo profile, else GPU."""
+    if cfg.device != "auto":
+        return cfg.device
+    return "cpu" if profile == CPU_PROFILE else "cuda"
+
+
+def training_inputs_of_runs(
+    configs: list[TrainConfig], profiles: list[str], device_types: list[str] | None = None
+) -> CostInputs:
     """The cost model's inputs for trainer runs: the model as trained (slice shapes in slice
-    mode), the layout that ran, on the given GPU profiles."""
+    mode), the layout that ran, on the given GPU profiles, and the device type each ran on
+    (default: `device_type_of`), which decides whether its layers ran under autocast."""
+    if device_types is None:
+        device_types = [device_type_of(c, p) for c, p in zip(configs, profiles, strict=True)]
+    autocast = [runs_autocast(c, d) for c, d in zip(configs, device_types, strict=True)]
     specs = [cfg.trained_spec() for cfg in configs]
     gpus = [catalog.get_gpu(p) for p in profiles]
     dims = []
@@ -76,7 +89,11 @@ def training_inputs_of_runs(configs: list[TrainConfig], profiles: list[str]) -> 
         np.array([cfg.seq(s) for cfg, s in zip(configs, specs, strict=True)], float),
         # DTensor SP keeps the all-gathered inputs; an interleave that divides only with the
         # embedding and the head counted as layers is split so (TrainConfig.stage_layer_ids)
-        Behaviour(sp_saves_gathered=1.0, ends_split_to_interleave=1.0),
+        Behaviour(
+            sp_saves_gathered=1.0,
+            ends_split_to_interleave=1.0,
+            autocast_fp32=np.array(autocast, float),
+        ),
     )
 
 
@@ -84,6 +101,12 @@ def runs_fp32(cfg: TrainConfig, device_type: str) -> bool:
     """Whether the ranks hold activations and weights in fp32: on CPU unless asked for bf16
     (on GPU, precision auto and bf16 are autocast to bf16)."""
     return cfg.precision == "fp32" or (device_type != "cuda" and cfg.precision != "bf16")
+
+
+def runs_autocast(cfg: TrainConfig, device_type: str) -> bool:
+    """Whether the ranks run bf16 under torch.autocast over fp32 weights (GPU, precision auto
+    or bf16; on CPU, bf16 stores the weights themselves in bf16)."""
+    return device_type == "cuda" and not runs_fp32(cfg, device_type)
 
 
 def as_fp32(out: dict, profile: str) -> dict:
@@ -108,9 +131,9 @@ def predicted(cfg: TrainConfig, profile: str | None, device_type: str = "cuda") 
     try:
         if cfg.task == "generate":
             return predicted_serving(cfg, profile if device_type == "cuda" else None)
-        inputs = training_inputs_of_runs([cfg], [profile])
+        inputs = training_inputs_of_runs([cfg], [profile], [device_type])
         with np.errstate(all="ignore"):
-            out = _plain(evaluate(inputs), ("pred_", "mem_", "time_", "act_"))
+            out = _plain(evaluate(inputs), ("pred_", "mem_", "time_", "act_", "layer_"))
     except Exception as exc:  # a prediction must never cost the measurement
         return {"error": str(exc)}
     fp32 = runs_fp32(cfg, device_type)

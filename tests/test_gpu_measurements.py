@@ -1,0 +1,95 @@
+"""The cost model against what one H100 measured (docs/measured/, docs/gpu_measurements.md):
+the bundled trainer's activations, peaks and per-layer times, the GPU profile's GEMM
+constants against the GEMM kernels, and what calibration makes of the trainer runs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoconfig import catalog
+from autoconfig.cost.timing import wave_utilization
+from autoconfig.measure.calibrate import Trial, fit_trials
+from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.prediction import predicted
+
+MEASURED = Path(__file__).resolve().parents[1] / "docs" / "measured"
+PROFILE = "h100-sxm-80gb"
+
+
+def _runs() -> list[dict]:
+    runs = json.loads((MEASURED / "h100_trainer_runs.json").read_text())["runs"]
+    # torch.compile fuses the casts and norms the eager trainer runs; the model describes eager
+    return [r for r in runs if not r["config"].get("compile")]
+
+
+def _predicted(run: dict) -> dict:
+    return predicted(TrainConfig.model_validate(run["config"]), PROFILE, "cuda")
+
+
+def _kernel_rows() -> list[dict]:
+    return json.loads((MEASURED / "h100_kernels.json").read_text())["rows"]
+
+
+@pytest.mark.parametrize("run", [r for r in _runs() if r["saved_activation_bytes_per_layer"]])
+def test_a_layers_activations_under_autocast_match_the_h100(run: dict) -> None:
+    pred = _predicted(run)["act_bytes_per_layer"]
+    assert pred == pytest.approx(run["saved_activation_bytes_per_layer"], rel=0.02)
+
+
+@pytest.mark.parametrize("run", [r for r in _runs() if r["status"] == "ok"])
+def test_the_trainers_peak_memory_on_the_h100(run: dict) -> None:
+    assert _predicted(run)["pred_peak_mem_gb"] == pytest.approx(run["peak_allocated_gb"], rel=0.1)
+
+
+@pytest.mark.parametrize("run", [r for r in _runs() if r["slice_forward_ms"]])
+def test_one_layers_forward_and_backward_time_on_the_h100(run: dict) -> None:
+    pred = _predicted(run)
+    assert pred["layer_forward_s"] * 1e3 == pytest.approx(run["slice_forward_ms"], rel=0.1)
+    assert pred["layer_backward_s"] * 1e3 == pytest.approx(run["slice_backward_ms"], rel=0.1)
+
+
+def _gemm_efficiencies(fp8: bool) -> list[float]:
+    """What each measured GEMM at a layer's shape ran at, as the profile's `gemm` (or
+    `gemm_fp8`) constant counts it: a fraction of peak once its output tiles' waves are
+    accounted for."""
+    gpu = catalog.get_gpu(PROFILE)
+    peak = gpu.peak("fp8" if fp8 else "bf16")
+    out = []
+    for row in _kernel_rows():
+        if row["kind"] != "gemm" or "square" in row["label"]:
+            continue
+        if row["label"].startswith("fp8") != fp8:
+            continue
+        tokens, _, n = (float(v) for v in row["shape"].split("x"))
+        util = float(wave_utilization(np.array(tokens), np.array(n), np.array(float(gpu.sms))))
+        out.append(row["measured"] / (peak * util))
+    return out
+
+
+def test_the_h100_gemm_constants_are_what_its_gemm_kernels_run_at() -> None:
+    eff = catalog.get_gpu(PROFILE).efficiency
+    bf16, fp8 = _gemm_efficiencies(fp8=False), _gemm_efficiencies(fp8=True)
+    assert len(bf16) >= 20 and len(fp8) >= 2
+    assert statistics.median(bf16) == pytest.approx(eff.gemm, rel=0.15)
+    assert statistics.median(fp8) == pytest.approx(eff.gemm_fp8, rel=0.15)
+
+
+def test_calibrating_on_the_h100_trainer_runs_keeps_gemm_where_the_kernels_are() -> None:
+    trials = [
+        Trial(
+            i, TrainConfig.model_validate(r["config"] | {"gpu": PROFILE}), r["tokens_per_s_per_gpu"]
+        )
+        for i, r in enumerate(_runs())
+        if r["status"] == "ok"
+    ]
+    calibration = fit_trials(trials)
+    assert not calibration.refused
+    kernels = _gemm_efficiencies(fp8=False)
+    gemm = calibration.constants.get("gemm", catalog.get_gpu(PROFILE).efficiency.gemm)
+    assert min(kernels) <= gemm <= max(kernels)
+    assert calibration.heldout_after < calibration.heldout_before
