@@ -119,7 +119,15 @@ def _gemm_passes(xs: list, ws: list, gs: list) -> dict[str, Callable[[int], obje
     }
 
 
-def bench_gemms(device, shapes, scale, repeats, peak, eff, sms) -> list[Row]:
+def bench_gemms(
+    device: torch.device,
+    shapes: list[tuple[str, int, int, int]],
+    scale: int,
+    repeats: int,
+    peak: float,
+    eff: float,
+    sms: float,
+) -> list[Row]:
     rows = []
     for label, *dims in shapes:
         tokens, k, n = (max(16, v // scale) for v in dims)
@@ -138,7 +146,14 @@ def bench_gemms(device, shapes, scale, repeats, peak, eff, sms) -> list[Row]:
     return rows
 
 
-def bench_attention(device, shapes, scale, repeats, peak, eff) -> list[Row]:
+def bench_attention(
+    device: torch.device,
+    shapes: list[tuple[str, int, int, int, int]],
+    scale: int,
+    repeats: int,
+    peak: float,
+    eff: float,
+) -> list[Row]:
     rows = []
     for label, batch, heads, seq, head_dim in shapes:
         seq = max(64, seq // scale)
@@ -172,7 +187,9 @@ def bench_attention(device, shapes, scale, repeats, peak, eff) -> list[Row]:
     return rows
 
 
-def bench_elementwise(device, scale, repeats, hbm_tb_s, eff) -> list[Row]:
+def bench_elementwise(
+    device: torch.device, scale: int, repeats: int, hbm_tb_s: float, eff: float
+) -> list[Row]:
     """The memory-bound kernels of an eager layer under autocast over fp32 weights (the
     bundled trainer's GPU mode) on 8192 tokens x 8192: the fewest bytes each must read and
     write (what the cost model counts), over time."""
@@ -208,7 +225,9 @@ def bench_elementwise(device, scale, repeats, hbm_tb_s, eff) -> list[Row]:
     return rows
 
 
-def bench_fp8(device, repeats, peak_fp8, eff, sms) -> list[Row]:
+def bench_fp8(
+    device: torch.device, repeats: int, peak_fp8: float, eff: float, sms: float
+) -> list[Row]:
     """fp8 (e4m3) GEMMs through torch._scaled_mm, bf16 out, per-tensor scales."""
     rows = []
     one = torch.tensor(1.0, device=device)
@@ -261,7 +280,12 @@ def main() -> None:
         "cuda": torch.version.cuda,
         "sdpa_flash": bool(torch.backends.cuda.flash_sdp_enabled()),
         "profile": args.profile,
-        "constants": {"gemm": eff.gemm, "attention": eff.attention, "memory": eff.memory},
+        "constants": {
+            "gemm": eff.gemm,
+            "gemm_fp8": eff.gemm_fp8,
+            "attention": eff.attention,
+            "memory": eff.memory,
+        },
         "quick": args.quick,
         "repeats": repeats,
     }

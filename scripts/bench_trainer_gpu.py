@@ -1,12 +1,15 @@
 """The bundled trainer on this machine's GPU beside the cost model: step time, tokens/s, peak
-memory and the bytes one layer saves, measured and predicted, for a set of one-GPU runs
-(whole small models, truncated larger ones, and slice mode's per-rank shapes of a TP layout).
+memory, the bytes one layer saves and (slice mode) one layer's forward and backward, measured
+and predicted, for a set of one-GPU runs (whole small models, truncated larger ones, and slice
+mode's per-rank shapes of a TP layout).
 
     python scripts/bench_trainer_gpu.py --out runs/gpu-bench           # on a GPU machine
     python scripts/bench_trainer_gpu.py --device cpu --quick --out /tmp/b   # the script itself
 
-Each case is one `autoconfig train` process (a crash or a timeout is recorded, not raised);
-the table printed last and summary.json hold the figures.
+Each case is one `autoconfig train` process (a crash or a timeout is recorded, not raised).
+runs.json holds what each run measured and its configuration, in the form docs/measured/
+keeps (tests/test_gpu_measurements.py reads it); the table printed last sets the cost model's
+figures for the same configurations beside them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.prediction import predicted
 
 # (name, flags): one GPU each. Truncated models (--layers) keep the embedding and head.
 CASES = [
@@ -36,50 +42,63 @@ QUICK_CASES = [
 
 
 def run_case(name: str, flags: str, folder: Path, args: argparse.Namespace) -> dict:
+    """One `autoconfig train` run, as a record of what it measured."""
     out = folder / name.replace(" ", "_")
     cmd = [sys.executable, "-m", "autoconfig.cli", "train", *flags.split()]
     cmd += ["--device", args.device, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     cmd += ["--out", str(out)]
-    start = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         log = done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:
-        log = f"timed out after {args.timeout} s\n{exc.stdout or ''}{exc.stderr or ''}"
-    row: dict = {"case": name, "flags": flags, "wall_s": time.perf_counter() - start}
-    (folder / f"{out.name}.log").write_text(log if isinstance(log, str) else str(log))
+    except subprocess.TimeoutExpired:
+        log = f"timed out after {args.timeout} s"
+    (folder / f"{out.name}.log").write_text(log)
     metrics = out / "metrics.json"
     if not metrics.exists():
-        return row | {"status": "no metrics", "message": log.strip().splitlines()[-1:]}
+        return {"case": name, "status": "no metrics", "message": log.strip()[-300:]}
     m = json.loads(metrics.read_text())
-    pred = m.get("predicted") or {}
-    mem = m.get("memory") or [{}]
+    mem = (m.get("memory") or [{}])[0]
     sl = m.get("slice_layer") or {}
-    return row | {
+    return {
+        "case": name,
         "status": m["status"],
-        "message": m.get("message", ""),
-        "step_s": m.get("median_step_time_s"),
-        "pred_step_s": pred.get("pred_step_time_s"),
-        "tokens_s": m.get("tokens_per_s_per_gpu"),
-        "pred_tokens_s": pred.get("pred_tokens_per_s_per_gpu"),
-        "mfu": m.get("mfu"),
-        "peak_gb": mem[0].get("peak_allocated_gb"),
-        "pred_peak_gb": pred.get("pred_peak_mem_gb"),
-        "act_mb": (mem[0].get("saved_activation_bytes_per_layer") or 0) / 1e6,
-        "pred_act_mb": (pred.get("act_bytes_per_layer") or 0) / 1e6,
-        "layer_fwd_ms": sl.get("forward_ms"),
-        "pred_layer_fwd_ms": (pred.get("layer_forward_s") or 0) * 1e3 if sl else None,
-        "layer_bwd_ms": sl.get("backward_ms"),
-        "pred_layer_bwd_ms": (pred.get("layer_backward_s") or 0) * 1e3 if sl else None,
-        "predicted": pred,
+        "message": m.get("message", "")[:300],
+        "config": m["config"],
         "environment": m.get("environment"),
+        "gpu_profile": m.get("gpu_profile"),
+        "median_step_time_s": m.get("median_step_time_s"),
+        "step_times_s": m.get("step_times_s"),
+        "tokens_per_s_per_gpu": m.get("tokens_per_s_per_gpu"),
+        "peak_allocated_gb": mem.get("peak_allocated_gb"),
+        "peak_reserved_gb": mem.get("peak_reserved_gb"),
+        "saved_activation_bytes_per_layer": mem.get("saved_activation_bytes_per_layer"),
+        "slice_forward_ms": sl.get("forward_ms"),
+        "slice_backward_ms": sl.get("backward_ms"),
     }
 
 
-def _cell(measured: float | None, predicted: float | None) -> str:
-    if measured is None or predicted is None:
+def _cell(measured: float | None, model: float | None, scale: float = 1.0) -> str:
+    if measured is None or model is None:
         return "-"
-    return f"{measured:.4g} / {predicted:.4g}"
+    return f"{measured:.4g} / {model * scale:.4g}"
+
+
+def table_row(run: dict, device: str) -> str:
+    """One run's figures, measured / predicted by the cost model as it stands."""
+    if run["status"] != "ok":
+        return f"{run['case']} | {run['status']}: {run.get('message')}"
+    cfg = TrainConfig.model_validate(run["config"])
+    pred = predicted(cfg, run.get("gpu_profile"), device) or {}
+    saved = run["saved_activation_bytes_per_layer"]
+    cells = [
+        _cell(run["median_step_time_s"], pred.get("pred_step_time_s")),
+        _cell(run["tokens_per_s_per_gpu"], pred.get("pred_tokens_per_s_per_gpu")),
+        _cell(run["peak_allocated_gb"], pred.get("pred_peak_mem_gb")),
+        _cell(saved / 1e6 if saved else None, pred.get("act_bytes_per_layer"), 1e-6),
+        _cell(run["slice_forward_ms"], pred.get("layer_forward_s"), 1e3),
+        _cell(run["slice_backward_ms"], pred.get("layer_backward_s"), 1e3),
+    ]
+    return " | ".join([run["case"], *cells])
 
 
 def main() -> None:
@@ -95,30 +114,19 @@ def main() -> None:
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     cases = QUICK_CASES if args.quick else CASES
-    rows = []
+    runs = []
     for name, flags in cases:
         if args.only and name not in args.only:
             continue
-        rows.append(run_case(name, flags, folder, args))
-        (folder / "summary.json").write_text(json.dumps(rows, indent=1))  # kept as it goes
-        r = rows[-1]
-        print(f"{name}: {r['status']} in {r['wall_s']:.0f} s", flush=True)
+        start = time.perf_counter()
+        runs.append(run_case(name, flags, folder, args))
+        record = {"source": f"scripts/bench_trainer_gpu.py --device {args.device}", "runs": runs}
+        (folder / "runs.json").write_text(json.dumps(record, indent=1))  # kept as it goes
+        print(f"{name}: {runs[-1]['status']} in {time.perf_counter() - start:.0f} s", flush=True)
     print("measured / predicted")
-    head = ("case", "step s", "tokens/s/GPU", "peak GB", "act MB/layer", "layer fwd ms", "bwd ms")
-    print(" | ".join(head))
-    for r in rows:
-        if r["status"] != "ok":
-            print(f"{r['case']} | {r['status']}: {r.get('message')}")
-            continue
-        cells = [
-            _cell(r["step_s"], r["pred_step_s"]),
-            _cell(r["tokens_s"], r["pred_tokens_s"]),
-            _cell(r["peak_gb"], r["pred_peak_gb"]),
-            _cell(r["act_mb"], r["pred_act_mb"]),
-            _cell(r["layer_fwd_ms"], r["pred_layer_fwd_ms"]),
-            _cell(r["layer_bwd_ms"], r["pred_layer_bwd_ms"]),
-        ]
-        print(" | ".join([r["case"], *cells]))
+    print("case | step s | tokens/s/GPU | peak GB | saved MB/layer | layer fwd ms | bwd ms")
+    for run in runs:
+        print(table_row(run, args.device))
 
 
 if __name__ == "__main__":

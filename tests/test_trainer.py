@@ -22,6 +22,7 @@ from autoconfig.trainer.config import config_from_search_row, make_config
 from autoconfig.trainer.launch import launch_local
 from autoconfig.trainer.metrics import EXIT_OOM, RunMetrics, read_metrics
 from autoconfig.trainer.model import Block, rope_tables
+from autoconfig.trainer.prediction import runs_autocast
 from tests.conftest import make_inputs
 
 STEPS = 3
@@ -154,24 +155,41 @@ def test_saved_activations_match_the_cost_model(tmp_path, layout) -> None:
     assert predicted == pytest.approx(measured, rel=0.03)
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt"])
-def test_autocast_activations_match_the_cost_model(model: str) -> None:
-    """A layer under autocast over fp32 weights, as the trainer runs on GPU (here CPU autocast):
-    the bytes it saves for backward, autocast's weight copies left out, against the cost
-    model's figure with `autocast_fp32`."""
+def _saved_by_one_layer(model: str, autocast: bool) -> float:
+    """Bytes one layer of `model` saves for backward, as the trainer counts them: under CPU
+    autocast over fp32 weights (the trainer's GPU mode), or in plain bf16."""
     spec = catalog.get_model(model)
     torch.manual_seed(0)
-    block, seq, mbs = Block(spec), 128, 2
+    block = Block(spec) if autocast else Block(spec).to(torch.bfloat16)
+    seq = spec.seq_len
     rope = rope_tables(seq, spec.dhead) if spec.position == Position.ROPE else None
     counter = ops.SavedBytes()
     counter.ignore_parameters(block)
     counter.stack = ["all"]
-    x = torch.randn(mbs, seq, spec.hidden, requires_grad=True)
-    with counter.hooks(), torch.autocast("cpu", torch.bfloat16):
+    dtype = torch.float32 if autocast else torch.bfloat16
+    x = torch.randn(2, seq, spec.hidden, dtype=dtype, requires_grad=True)
+    with counter.hooks(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
         block(x, rope)
-    inputs = make_inputs(model, autocast_fp32=1.0, flash=1.0, seq=seq, mbs=mbs)
-    predicted = float(layer_activation_bytes(inputs, np.float64(mbs * seq))[0])
-    assert counter.by_region["all"] == pytest.approx(predicted, rel=0.02)
+    return counter.by_region["all"]
+
+
+def _predicted_for_one_layer(model: str, autocast: bool) -> float:
+    seq = catalog.get_model(model).seq_len
+    inputs = make_inputs(model, autocast_fp32=float(autocast), flash=1.0, seq=seq, mbs=2)
+    return float(layer_activation_bytes(inputs, np.float64(2 * seq))[0])
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt", "tiny-moe"])
+def test_autocast_activations_match_the_cost_model(model: str) -> None:
+    """A layer under autocast over fp32 weights, as the trainer runs on GPU (here CPU autocast):
+    what it saves beyond the same layer in bf16, autocast's weight copies left out, against
+    the cost model's `autocast_fp32` (its fp32 norm inputs and the casts each linear keeps)."""
+    measured = _saved_by_one_layer(model, True) - _saved_by_one_layer(model, False)
+    predicted = _predicted_for_one_layer(model, True) - _predicted_for_one_layer(model, False)
+    assert measured == pytest.approx(predicted, rel=0.02)
+    assert _saved_by_one_layer(model, True) == pytest.approx(
+        _predicted_for_one_layer(model, True), rel=0.04
+    )
 
 
 def test_autocasts_weight_copies_are_not_activations() -> None:
@@ -183,9 +201,10 @@ def test_autocasts_weight_copies_are_not_activations() -> None:
         torch.autocast("cpu", torch.bfloat16),
     ):
         linear(x)
+        torch.nn.functional.linear(x, linear.weight[:16])  # a slice is cast afresh each call
     # F.linear keeps the bf16 copies of its input and of its (transposed) weight
     kinds = sorted((ops.is_weight_cast(t), tuple(t.shape)) for t in saved)
-    assert kinds == [(False, (8, 64)), (True, (64, 32))]
+    assert kinds == [(False, (8, 64)), (False, (8, 64)), (False, (64, 16)), (True, (64, 32))]
 
 
 @pytest.mark.parametrize(
@@ -304,3 +323,20 @@ def test_a_search_result_becomes_a_trainer_configuration(tmp_path) -> None:
     assert cfg.world == 4
     code, metrics = launch_local(cfg, tmp_path)
     assert code == 0, metrics.message
+
+
+@pytest.mark.parametrize(
+    ("layout", "device", "autocast"),
+    [
+        ({"zero": 1}, "cuda", True),
+        ({"zero": 0, "dp": 2}, "cuda", True),
+        ({"zero": 3, "dp": 2}, "cuda", False),  # FSDP's bf16 weights and block inputs
+        ({"zero": 2, "dp": 2}, "cuda", False),
+        ({"zero": 3}, "cuda", True),  # one rank: nothing to shard, no FSDP wrapper
+        ({"zero": 1, "precision": "fp32"}, "cuda", False),
+        ({"zero": 1}, "cpu", False),
+    ],
+)
+def test_which_runs_are_predicted_under_autocast(layout, device, autocast) -> None:
+    cfg = make_config(model="tiny-llama", **{"gbs": 4, "precision": "auto", **layout})
+    assert runs_autocast(cfg, device) is autocast

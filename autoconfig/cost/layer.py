@@ -303,7 +303,8 @@ def mlp_ops(x: CostInputs) -> list[Op]:
         Op(
             "moe_permute",
             "memory",
-            moved=moe * 4.0 * (x.topk + 1.0) * expert_h * routed_share,
+            # fp32 tokens under autocast
+            moved=moe * (4.0 + 4.0 * x.autocast_fp32) * (x.topk + 1.0) * expert_h * routed_share,
             kernels=np.where(moe > 0, 2.0, 0.0),
         ),
         Op(
@@ -337,6 +338,12 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             gemm_n=h,
             weight_bytes=2.0 * dense_w * h / t,
             kernels=np.where(m - moe > 0, 1.0, 0.0),
+        ),
+        # Under autocast each expert's up (and gate) projection casts its own bf16 copy of the
+        # routed fp32 tokens, as the shared experts do of the layer's input.
+        _autocast_casts("expert_input_casts", x, moe, gate, expert_h * x.topk * routed_share),
+        _autocast_casts(
+            "shared_input_casts", x, np.where(x.shared_ffn > 0, moe, 0.0), gate, h / gathered_in
         ),
         Op(
             "expert_up",
@@ -535,6 +542,7 @@ def head_ops(x: CostInputs) -> list[Op]:
     t, sp, h, v = x.tp, sp_div(x), x.hidden, x.vocab
     return [
         Op("final_norm", "memory", saved=norm_saved_bytes(x) / sp, moved=norm_moved_bytes(x) / sp),
+        _autocast_casts("head_input_cast", x, 1.0, 1.0, h / sp),
         Op(
             "lm_head",
             "gemm",
@@ -568,7 +576,8 @@ def mtp_ops(x: CostInputs) -> list[Op]:
 def embedding_ops(x: CostInputs) -> list[Op]:
     """The first stage's embedding lookup (plus dropout mask where the model has dropout)."""
     sp = sp_div(x)
-    return [Op("embedding", "memory", saved=x.dropout * x.hidden / sp, moved=4.0 * x.hidden / sp)]
+    moved = (4.0 + 4.0 * x.autocast_fp32) * x.hidden / sp  # fp32 rows under autocast
+    return [Op("embedding", "memory", saved=x.dropout * x.hidden / sp, moved=moved)]
 
 
 def total(ops: list[Op], attr: str) -> Col:

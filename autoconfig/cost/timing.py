@@ -181,7 +181,9 @@ def step_time(
     f_gemm, _ = _fwd_bwd(x, [op for op in ops if op.kind == "gemm"], tokens)
 
     # Tensor parallel: one collective pair per TP-split block in forward, one in backward.
-    act_bytes = 2.0 * tokens * x.hidden
+    # Under autocast the gathers (and their backward) carry the fp32 norm output and the
+    # reductions the bf16 GEMM output: 3 bytes an element on average (not measured: one GPU).
+    act_bytes = (2.0 + x.autocast_fp32) * tokens * x.hidden
     tp_one = comm.all_reduce(act_bytes, x.tp, comm.tp_link(x))
     tp_layer = tp_blocks(x) * tp_one
     tp_f = _exposed(tp_layer, np.where(x.sp > 0, x.tp_overlap, 0.0), f_gemm)
@@ -242,7 +244,7 @@ def step_time(
     # then all-gathers its etp ranks' routed copies (and reduce-scatters them in the combine),
     # as Megatron-Core's all-to-all dispatcher does.
     expert_h = np.where(x.moe_latent > 0, x.moe_latent, x.hidden)
-    shard_bytes = 2.0 * tokens / x.tp * expert_h
+    shard_bytes = (2.0 + x.autocast_fp32) * tokens / x.tp * expert_h  # fp32 dispatch, bf16 combine
     ep_one = comm.expert_dispatch(x, shard_bytes, x.topk, x.ep, x.etp) + comm.all_gather(
         shard_bytes * x.topk * x.etp, x.etp, comm.group_link(x, x.etp, 1.0)
     )
@@ -255,7 +257,8 @@ def step_time(
     slot = stage_compute + cp_per_mb + ep_per_mb  # one micro-batch, whole stage
     pure_compute = stage_compute - tp_per_mb - launch_per_mb
     bubble = (x.pp - 1.0) * slot / x.vp
-    p2p_bytes = 2.0 * tokens * x.hidden / np.where(x.sp > 0, x.tp, 1.0)
+    # a stage sends the residual stream: fp32 under autocast
+    p2p_bytes = (2.0 + 2.0 * x.autocast_fp32) * tokens * x.hidden / np.where(x.sp > 0, x.tp, 1.0)
     p2p_one = comm.p2p(p2p_bytes, comm.pp_link(x))
     # Frameworks overlap pipeline sends with the interleaved schedule only.
     p2p_one = _exposed(p2p_one, np.where(x.vp > 1, x.p2p_overlap, 0.0), f_layer)

@@ -41,20 +41,21 @@ def memory_verdict(attrs: dict, metrics: RunMetrics | None) -> str:
     prediction (metrics.json: the run as the trainer launched it, under autocast on GPU, in
     fp32 on CPU) is the like-for-like figure; the search's, for the framework it ranks for,
     stands in when the run left none."""
-    cap = attrs.get("mem_limit_gb")
+    cap, searched = attrs.get("mem_limit_gb"), attrs.get("pred_peak_mem_gb")
     own = (metrics.predicted or {}).get("pred_peak_mem_gb") if metrics is not None else None
-    pred = own if own is not None else attrs.get("pred_peak_mem_gb")
+    pred = own if own is not None else searched
     if pred is None or cap is None:
         return ""
-    if pred > cap:
+    if pred <= cap:
         return (
-            f" (the cost model put the run as launched at {pred:.2f} GB, over the {cap:.2f} GB "
-            f"limit; the search's figure, {attrs.get('pred_peak_mem_gb', 0.0):.2f} GB, is for "
-            "the framework it ranks for)"
+            f" (the cost model said it fits: {pred:.2f} of {cap:.2f} GB; "
+            "its memory verdict was wrong here)"
         )
+    if own is None or searched is None:
+        return f" (the cost model put it at {pred:.2f} GB, over the {cap:.2f} GB limit)"
     return (
-        f" (the cost model said it fits: {pred:.2f} of {cap:.2f} GB; "
-        "its memory verdict was wrong here)"
+        f" (the cost model put the run as launched at {pred:.2f} GB, over the {cap:.2f} GB "
+        f"limit; the search's {searched:.2f} GB is for the framework it ranks for)"
     )
 
 

@@ -89,20 +89,25 @@ def storages(t: torch.Tensor) -> list[tuple[int, int]]:
     return [(storage.data_ptr(), storage.nbytes())]
 
 
-def is_weight_cast(t: torch.Tensor, depth: int = 6) -> bool:
-    """Whether `t` is (a view of) autocast's 16-bit copy of a parameter: a chain of one-input
-    autograd nodes from `t` back to a parameter, a cast among them. Autocast caches such a
-    copy for the whole step, every micro-batch reusing it: it is the working weight copy the
-    cost model counts with the weights, not an activation."""
-    fn, cast = t.grad_fn, False
-    for _ in range(depth):
-        if fn is None:
+# Autograd nodes a linear may put between a weight's cached cast and what it saves (F.linear
+# saves the transposed copy); a few are enough.
+VIEW_DEPTH = 3
+
+
+def is_weight_cast(t: torch.Tensor) -> bool:
+    """Whether `t` is (a view of) autocast's 16-bit copy of a parameter: a cast node whose
+    input is the parameter itself. Autocast caches only such copies, for the whole step, every
+    micro-batch reusing them: the working weight copy the cost model counts with the weights,
+    not an activation. A cast of anything computed from a parameter (a slice, a reduction's
+    output) is made afresh at each call and stays an activation."""
+    fn = t.grad_fn
+    for _ in range(VIEW_DEPTH + 1):
+        if fn is None or getattr(fn, "variable", None) is not None:
             return False
-        variable = getattr(fn, "variable", None)
-        if variable is not None:  # AccumulateGrad: the chain reached a leaf
-            return cast and isinstance(variable, nn.Parameter)
-        cast = cast or fn.name() == "ToCopyBackward0"
         inputs = [source for source, _ in fn.next_functions if source is not None]
+        if fn.name() == "ToCopyBackward0":
+            leaf = getattr(inputs[0], "variable", None) if len(inputs) == 1 else None
+            return isinstance(leaf, nn.Parameter)
         if len(inputs) != 1:
             return False
         fn = inputs[0]

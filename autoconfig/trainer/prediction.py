@@ -104,9 +104,12 @@ def runs_fp32(cfg: TrainConfig, device_type: str) -> bool:
 
 
 def runs_autocast(cfg: TrainConfig, device_type: str) -> bool:
-    """Whether the ranks run bf16 under torch.autocast over fp32 weights (GPU, precision auto
-    or bf16; on CPU, bf16 stores the weights themselves in bf16)."""
-    return device_type == "cuda" and not runs_fp32(cfg, device_type)
+    """Whether the layers run bf16 under torch.autocast over fp32 weights: on GPU at precision
+    auto or bf16, unless FSDP holds them (ZeRO-2/3 over more than one rank: its mixed-precision
+    policy gathers bf16 weights and casts each block's input to bf16, so the layers run in 16
+    bits). On CPU, bf16 stores the weights themselves in bf16."""
+    fsdp = cfg.zero >= 2 and cfg.resolved_dp * cfg.cp > 1
+    return device_type == "cuda" and not runs_fp32(cfg, device_type) and not fsdp
 
 
 def as_fp32(out: dict, profile: str) -> dict:
