@@ -199,7 +199,12 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 1: "recipe.trainer.strategy.virtual_pipeline_model_parallel_size = None",
                 ANY: "recipe.trainer.strategy.virtual_pipeline_model_parallel_size = {vp}",
             },
-            TORCHTITAN: "",  # the interleaved schedule is named with pp (pipeline_schedule)
+            # the interleaved schedule is named with pp (pipeline_schedule); its stages by
+            # their size (exports.torchtitan_layers_per_stage)
+            TORCHTITAN: {
+                1: "",
+                ANY: "pipeline_parallel_layers_per_stage = {torchtitan_layers_per_stage}",
+            },
             DEEPSPEED: {1: ""},
             NANOTRON: {1: ""},
             COMPOSER: {1: ""},

@@ -87,6 +87,7 @@ def context(
     c["nemo_ends_as_layers"] = str(ends) if pp > 1 else None
     c["megatron_pipeline_layout"] = pipeline_layout(layers, pp * vp, mtp) if ends else None
     c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 and not ends else None
+    c["torchtitan_layers_per_stage"] = torchtitan_layers_per_stage(layers, pp * vp)
     # Megatron-Core counts --recompute-num-layers within each model chunk (TransformerBlock
     # recomputes its own first N layers), so a rank's count splits over its vp chunks.
     c["recompute_layers_per_chunk"] = -(-c["recompute_layers"] // vp)
@@ -120,6 +121,19 @@ def pipeline_layout(layers: int, chunks: int, mtp: int = 0) -> str:
         return "" if n == 0 else "t" if n == 1 else f"t*{n}"
 
     return f"E{run(per - 1)}|({run(per)}|)*{chunks - 2}{run(per - 1)}{'m' * mtp}L"
+
+
+def torchtitan_layers_per_stage(layers: int, stages: int) -> int | None:
+    """torchtitan's `pipeline_parallel_layers_per_stage` that makes `stages` pipeline stages:
+    it counts the embedding and the output as a layer each and takes ceil((layers + 2) / L)
+    stages (distributed/pipeline_parallel.py, torchtitan 0.3.0; the option since 0.1.0).
+    None where no L gives that count: without the option an interleaved schedule runs 2
+    stages per rank."""
+    if stages < 2:
+        return None
+    units = layers + 2
+    per = -(-units // stages)
+    return per if -(-units // per) == stages else None
 
 
 def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[str, ...]:
@@ -169,6 +183,17 @@ def lines(
     """The framework's settings for the layout in `row` (of a model with `experts` routed
     experts and `mtp` multi-token-prediction layers), one per line, in declaration order."""
     ctx = context(row, layers, gbs, seq_len, precision, experts, mtp)
+    if (
+        framework is Framework.TORCHTITAN
+        and ctx["vp"] > 2
+        and not ctx["torchtitan_layers_per_stage"]
+    ):
+        stages = ctx["pp"] * ctx["vp"]
+        raise UserError(
+            f"emit: torchtitan cannot make {stages} pipeline stages (pp {ctx['pp']} x vp "
+            f"{ctx['vp']}) of {layers} layers: no pipeline_parallel_layers_per_stage gives that "
+            "many (it counts the embedding and the output as a layer each); vp 2 runs without it"
+        )
     out: list[str] = []
     for d in layout.DIMENSIONS:
         out += [t for t in (_render(t, ctx) for t in _templates(d, framework, row[d.name])) if t]
