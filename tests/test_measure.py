@@ -19,6 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autoconfig import layout
+from autoconfig.trainer.metrics import read_metrics
 
 CLI = [sys.executable, "-m", "autoconfig.cli", "search", "--model", "tiny-llama"]
 CPU = ["--measure", "--device", "cpu", "--steps", "3", "--warmup", "1"]
@@ -85,9 +86,13 @@ def test_local_measured_search_ranks_measured_trials(local_search) -> None:
     assert measured["measured_tokens_per_s_per_gpu"].is_monotonic_decreasing
     assert "Measured trials" in (out / "report.html").read_text()
     assert "measured search: measured where measured" in done.stdout
-    # Each trial's metrics.json holds the trainer's measurement and the run folder.
-    for run_dir in trials["run_dir"]:
-        assert (Path(run_dir) / "metrics.json").exists()
+    # Each trial's metrics.json holds the trainer's measurement and the run folder; trials.csv
+    # sets the model's figures for the run as launched (fp32 CPU ranks) beside the search's.
+    for _, trial in trials.iterrows():
+        metrics = read_metrics(Path(trial["run_dir"]) / "metrics.json")
+        own = metrics.predicted["pred_peak_mem_gb"]
+        assert trial["run_pred_peak_mem_gb"] == pytest.approx(own)
+        assert trial["run_pred_peak_mem_gb"] > trial["pred_peak_mem_gb"]  # fp32 against bf16
     # The search's own work around each trial (launch, polling, collection) stays small.
     assert trials["overhead_s"].median() < 10
 

@@ -34,6 +34,13 @@ def collect(cfg: TrainConfig, job: Job, run_dir: Path, timed_out: bool, limit_s:
         trainer = max(t["ended"] for t in timing) - min(t["started"] for t in timing)
         attrs["trainer_s"] = round(trainer, 3)
         attrs["overhead_s"] = round(wall - trainer, 3)
+    # The cost model's figures for the run as the trainer launched it (its own precision mode,
+    # autocast on GPU): the like-for-like check of the model, beside the search's figures for
+    # the framework it ranks for.
+    own = metrics.predicted or {}
+    for name in ("pred_tokens_per_s_per_gpu", "pred_peak_mem_gb"):
+        if isinstance(own.get(name), int | float):
+            attrs[f"run_{name}"] = float(own[name])
     if metrics.status == "ok" and not timed_out:
         attrs.update(
             measured_tokens_per_s_per_gpu=metrics.tokens_per_s_per_gpu,
