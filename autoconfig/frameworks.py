@@ -17,6 +17,17 @@ def _isin(values: Any, allowed: list) -> np.ndarray:
     return np.isin(np.asarray(values, dtype=float), np.asarray(allowed, dtype=float))
 
 
+def layers_per_stage(layers: Any, stages: Any) -> np.ndarray:
+    """The stage size L in layers, the embedding and the head counting as one each, that makes
+    `stages` stages of ceil((layers + 2) / L) (torchtitan's pipeline_parallel_layers_per_stage);
+    NaN where no L does."""
+    units = np.asarray(layers, float) + 2.0
+    stages = np.asarray(stages, float)
+    with np.errstate(all="ignore"):
+        per = np.ceil(units / stages)
+        return np.where((stages >= 2) & (np.ceil(units / per) == stages), per, np.nan)
+
+
 def rules(fw: FrameworkSpec, c: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
     """(dimension, what the framework cannot do, mask of rows it rules out) for layouts in
     columns `c` (the layout dimensions as cost codes, plus layers, gbs)."""
@@ -56,6 +67,15 @@ def rules(fw: FrameworkSpec, c: Mapping[str, Any]) -> list[tuple[str, str, np.nd
                 "vp",
                 f"{name} interleaves only with micro-batches a multiple of pp",
                 (vp > 1) & bool(fw.allows("interleave_needs_pp_multiple")) & (micro % pp != 0),
+            ),
+            (
+                "vp",
+                f"{name} cannot make pp*vp stages of these layers: no stage size (the embedding "
+                "and the output counting as a layer each) gives that many, and only 2 stages "
+                "per rank run without one",
+                (vp > 2)
+                & bool(fw.allows("stages_by_size"))
+                & np.isnan(layers_per_stage(layers, pp * vp)),
             ),
             (
                 "pp",

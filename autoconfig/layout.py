@@ -200,11 +200,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 ANY: "recipe.trainer.strategy.virtual_pipeline_model_parallel_size = {vp}",
             },
             # the interleaved schedule is named with pp (pipeline_schedule); its stages by
-            # their size (exports.torchtitan_layers_per_stage)
-            TORCHTITAN: {
-                1: "",
-                ANY: "pipeline_parallel_layers_per_stage = {torchtitan_layers_per_stage}",
-            },
+            # their size (frameworks.layers_per_stage)
+            TORCHTITAN: {1: "", ANY: "pipeline_parallel_layers_per_stage = {layers_per_stage}"},
             DEEPSPEED: {1: ""},
             NANOTRON: {1: ""},
             COMPOSER: {1: ""},

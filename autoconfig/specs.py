@@ -359,6 +359,10 @@ class FrameworkCapabilities(_Spec):
     ends_as_layers_split: Sourced = Sourced(
         value=False, source="no option to count the embedding and the head as layers"
     )
+    # interleaved stages are asked for by their size in layers, the embedding and the head
+    # counting as one each (frameworks.layers_per_stage); above its default stages per rank a
+    # layout needs a size that makes pp*vp of them
+    stages_by_size: Sourced = Sourced(value=False, source="stages asked for by their count")
     context_parallel: Sourced
     expert_parallel: Sourced
     expert_folding: Sourced  # ep*etp over tp*dp*cp (MoE parallel folding), else within dp*cp

@@ -650,23 +650,25 @@ def test_a_torchtitan_row_naming_an_interleaved_schedule_ran_two_stages_per_rank
     assert runs["vp"].tolist() == ["2", "", "4", ""]
 
 
-@pytest.mark.parametrize(
-    ("layers", "pp", "vp"), [(80, 4, 2), (126, 16, 8), (32, 2, 3), (126, 4, 4)]
-)
+@pytest.mark.parametrize(("layers", "pp", "vp"), [(80, 4, 2), (126, 16, 8), (32, 2, 3), (80, 4, 4)])
 def test_torchtitan_is_told_its_interleaved_stages_by_their_size(layers, pp, vp) -> None:
     """torchtitan makes ceil((layers + 2) / L) stages from pipeline_parallel_layers_per_stage L
     (the embedding and the output count as a layer each); --emit gives the L that makes pp*vp
     of them, and refuses a vp above its default of 2 that no L reaches."""
-    row = layout.plain(layout.Layout(tp=8, pp=pp, vp=vp, dp=4, mbs=1, zero=0).model_dump())
-    per = exports.torchtitan_layers_per_stage(layers, pp * vp)
-    if per is None:
+    row = layout.plain(layout.Layout(tp=8, sp=True, pp=pp, vp=vp, dp=4, mbs=1, zero=0).model_dump())
+    per = float(frameworks.layers_per_stage(layers, pp * vp))
+    if per != per:  # NaN: no stage size makes pp*vp stages
         assert vp > 2  # the cases above that no L reaches
         with pytest.raises(UserError, match="torchtitan cannot make"):
             exports.export("torchtitan", row, layers, 4 * pp, 8192, "bf16")
+        # the search leaves such a layout out and estimate refuses it
+        codes = {**layout.columns(layout.frame_of(row)), "layers": layers, "gbs": 4 * pp}
+        rule = frameworks.first_broken(catalog.get_framework("torchtitan"), codes)
+        assert rule.startswith("vp: torchtitan cannot make pp*vp stages")
         return
     assert -(-(layers + 2) // per) == pp * vp
     toml = exports.export("torchtitan", row, layers, 4 * pp, 8192, "bf16")
-    assert f"pipeline_parallel_layers_per_stage = {per}" in toml
+    assert f"pipeline_parallel_layers_per_stage = {int(per)}" in toml
     assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in toml
     one = exports.export("torchtitan", row | {"vp": 1}, layers, 4 * pp, 8192, "bf16")
     assert "layers_per_stage" not in one

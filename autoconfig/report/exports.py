@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import string
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import yaml
 
-from autoconfig import layout
+from autoconfig import frameworks, layout
 from autoconfig.cost.inputs import even_split_layers, interleaves_by_counting_ends
 from autoconfig.errors import UserError
 from autoconfig.layout import ANY
@@ -87,7 +88,19 @@ def context(
     c["nemo_ends_as_layers"] = str(ends) if pp > 1 else None
     c["megatron_pipeline_layout"] = pipeline_layout(layers, pp * vp, mtp) if ends else None
     c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 and not ends else None
-    c["torchtitan_layers_per_stage"] = torchtitan_layers_per_stage(layers, pp * vp)
+    # torchtitan's stage size: without one it runs 2 stages per rank, so above 2 it must exist
+    per = float(frameworks.layers_per_stage(layers, pp * vp))
+    c["layers_per_stage"] = (
+        int(per)
+        if vp > 1 and not np.isnan(per)  # NaN: no size makes pp*vp stages
+        else Cannot(
+            f"cannot make pp*vp = {pp * vp} stages of {layers} layers: no "
+            "pipeline_parallel_layers_per_stage gives that many (the embedding and the output "
+            "count as a layer each); vp 2 runs without it"
+        )
+        if vp > 2
+        else None
+    )
     # Megatron-Core counts --recompute-num-layers within each model chunk (TransformerBlock
     # recomputes its own first N layers), so a rank's count splits over its vp chunks.
     c["recompute_layers_per_chunk"] = -(-c["recompute_layers"] // vp)
@@ -123,19 +136,6 @@ def pipeline_layout(layers: int, chunks: int, mtp: int = 0) -> str:
     return f"E{run(per - 1)}|({run(per)}|)*{chunks - 2}{run(per - 1)}{'m' * mtp}L"
 
 
-def torchtitan_layers_per_stage(layers: int, stages: int) -> int | None:
-    """torchtitan's `pipeline_parallel_layers_per_stage` that makes `stages` pipeline stages:
-    it counts the embedding and the output as a layer each and takes ceil((layers + 2) / L)
-    stages (distributed/pipeline_parallel.py, torchtitan 0.3.0; the option since 0.1.0).
-    None where no L gives that count: without the option an interleaved schedule runs 2
-    stages per rank."""
-    if stages < 2:
-        return None
-    units = layers + 2
-    per = -(-units // stages)
-    return per if -(-units // per) == stages else None
-
-
 def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[str, ...]:
     spec = d.flags.get(framework)
     if spec is None:
@@ -162,42 +162,33 @@ def refuses(framework: Framework, name: str, value: Any) -> bool:
     return False
 
 
-def _render(template: str, ctx: Mapping[str, Any]) -> str | None:
-    """The template filled in, or None when it names a value that does not apply."""
-    names = [f for _, f, _, _ in string.Formatter().parse(template) if f]
-    if any(ctx.get(n) is None for n in names):
+@dataclass(frozen=True)
+class Cannot:
+    """A context value the layout needs but cannot have: a template naming it refuses."""
+
+    reason: str
+
+
+def _render(template: str, ctx: Mapping[str, Any], framework: Framework) -> str | None:
+    """The template filled in, or None when it names a value that does not apply; a value the
+    layout cannot have refuses the export with its reason."""
+    values = [ctx.get(f) for _, f, _, _ in string.Formatter().parse(template) if f]
+    refused = next((v for v in values if isinstance(v, Cannot)), None)
+    if refused is not None:
+        raise UserError(f"emit: {framework.value} {refused.reason}")
+    if any(v is None for v in values):
         return None
     return template.format(**ctx)
 
 
-def lines(
-    framework: Framework,
-    row: Mapping[str, Any],
-    layers: int,
-    gbs: int,
-    seq_len: int,
-    precision: str,
-    experts: int = 0,
-    mtp: int = 0,
-) -> list[str]:
-    """The framework's settings for the layout in `row` (of a model with `experts` routed
-    experts and `mtp` multi-token-prediction layers), one per line, in declaration order."""
-    ctx = context(row, layers, gbs, seq_len, precision, experts, mtp)
-    if (
-        framework is Framework.TORCHTITAN
-        and ctx["vp"] > 2
-        and not ctx["torchtitan_layers_per_stage"]
-    ):
-        stages = ctx["pp"] * ctx["vp"]
-        raise UserError(
-            f"emit: torchtitan cannot make {stages} pipeline stages (pp {ctx['pp']} x vp "
-            f"{ctx['vp']}) of {layers} layers: no pipeline_parallel_layers_per_stage gives that "
-            "many (it counts the embedding and the output as a layer each); vp 2 runs without it"
-        )
+def lines(framework: Framework, row: Mapping[str, Any], ctx: Mapping[str, Any]) -> list[str]:
+    """The framework's settings for the layout in `row`, filled from its `context`, one per
+    line, in declaration order."""
     out: list[str] = []
     for d in layout.DIMENSIONS:
-        out += [t for t in (_render(t, ctx) for t in _templates(d, framework, row[d.name])) if t]
-    out += [t for t in (_render(t, ctx) for t in RUN_FLAGS[framework]) if t]
+        templates = _templates(d, framework, row[d.name])
+        out += [t for t in (_render(t, ctx, framework) for t in templates) if t]
+    out += [t for t in (_render(t, ctx, framework) for t in RUN_FLAGS[framework]) if t]
     return out
 
 
@@ -211,9 +202,11 @@ def export(
     experts: int = 0,
     mtp: int = 0,
 ) -> str:
-    """The launch settings as text the framework reads."""
+    """The launch settings as text the framework reads, for the layout in `row` of a model of
+    `layers` layers, `experts` routed experts and `mtp` multi-token-prediction layers."""
     framework = Framework.parse(framework, "emit")
-    settings = lines(framework, row, layers, gbs, seq_len, precision, experts, mtp)
+    ctx = context(row, layers, gbs, seq_len, precision, experts, mtp)
+    settings = lines(framework, row, ctx)
     if framework is Framework.NEMO:
         return "\n".join([HEADER[framework], *settings])
     if framework is Framework.TORCHTITAN:
