@@ -65,6 +65,12 @@ class Behaviour:
     # torch.autocast over fp32 weights (the bundled trainer on GPU): the residual stream and the
     # norms stay fp32 and each linear casts its own bf16 copy of its input
     autocast_fp32: Values = 0.0
+    # Bytes moved per parameter of a rank to accumulate its weight gradient outside the
+    # weight-gradient GEMM: in every micro-batch (a cast or an add into a zeroed fp32 buffer),
+    # and in every micro-batch but the first (autograd adding into the gradient it holds).
+    # Megatron's fused accumulation (the GEMM adds into fp32 main_grad) moves none.
+    grad_pass_bytes: Values = 0.0
+    grad_accumulate_bytes: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

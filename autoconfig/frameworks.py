@@ -145,6 +145,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         balanced_split=float(does.balances_by_hand),
         ends_split=float(does.counts_ends_as_layers),
         ends_split_to_interleave=float(counts_ends_to_interleave(fw)),
+        grad_pass_bytes=float(does.grad_accumulation_bytes.value),
     )
 
 

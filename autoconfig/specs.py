@@ -392,6 +392,11 @@ class FrameworkBehaviour(_Spec):
     grad_reduce_bf16: Sourced  # gradients reduced in bf16 instead of fp32
     sp_saves_gathered: Sourced
     pipeline_split: Sourced = Sourced(value="even", source="layers split evenly over the stages")
+    # bytes moved per parameter in every micro-batch to accumulate weight gradients outside
+    # the weight-gradient GEMM (a memory-bound pass of their own)
+    grad_accumulation_bytes: Sourced = Sourced(
+        value=0, source="no accumulation pass outside the weight-gradient GEMM is modelled"
+    )
 
     @field_validator("pipeline_split")
     @classmethod

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.prediction import predicted
 
@@ -34,6 +36,25 @@ CASES = [
     ("llama3-70b slice tp8", "--model llama3-70b --slice --tp 8 --layers 2 --mbs 1 --gbs 2"),
     ("llama3-70b slice tp4", "--model llama3-70b --slice --tp 4 --layers 2 --mbs 1 --gbs 2"),
     ("gpt3-1.3b mbs4 compiled", "--model gpt3-1.3b --mbs 4 --gbs 16 --compile"),
+]
+# One model at one global batch cut into 1 to 16 micro-batches: the same tokens each step, so
+# what a step gains per micro-batch is what a micro-batch costs whatever its size (the
+# gradients' cast and accumulation, launches). A family is the name before " mbs".
+MICRO_BATCH_CASES = [
+    *(
+        (f"gpt3-1.3b seq1024 mbs{m}", f"--model gpt3-1.3b --seq-len 1024 --mbs {m} --gbs 16")
+        for m in (1, 2, 4, 8, 16)
+    ),
+    *(
+        (
+            f"llama3-8b 4 layers seq2048 mbs{m}",
+            f"--model llama3-8b --layers 4 --seq-len 2048 --mbs {m} --gbs 8",
+        )
+        for m in (1, 2, 4, 8)
+    ),
+]
+QUICK_MICRO_BATCH_CASES = [
+    (f"tiny-gpt mbs{m}", f"--model tiny-gpt --mbs {m} --gbs 4") for m in (1, 2, 4)
 ]
 QUICK_CASES = [
     ("tiny-gpt", "--model tiny-gpt --mbs 2 --gbs 4"),
@@ -101,6 +122,29 @@ def table_row(run: dict, device: str) -> str:
     return " | ".join([run["case"], *cells])
 
 
+def micro_batch_slopes(runs: list[dict], device: str) -> list[str]:
+    """Per family of runs (the case name before " mbs"), seconds a step gains per micro-batch:
+    a least-squares line through step time against micro-batches per step, measured and as the
+    cost model predicts it."""
+    families: dict[str, list[tuple[float, float, float]]] = {}
+    for run in runs:
+        if run["status"] != "ok" or " mbs" not in run["case"]:
+            continue
+        cfg = TrainConfig.model_validate(run["config"])
+        pred = predicted(cfg, run.get("gpu_profile"), device) or {}
+        point = (cfg.micro_batches, run["median_step_time_s"], pred.get("pred_step_time_s"))
+        families.setdefault(run["case"].rsplit(" mbs", 1)[0], []).append(point)
+    lines = []
+    for family, points in families.items():
+        if len(points) < 2 or any(p[2] is None for p in points):
+            continue
+        micro, measured, model = (np.array(v, float) for v in zip(*points, strict=True))
+        slope = np.polyfit(micro, measured, 1)[0]
+        model_slope = np.polyfit(micro, model, 1)[0]
+        lines.append(f"{family} | {slope * 1e3:.1f} / {model_slope * 1e3:.1f}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/gpu-bench")
@@ -110,10 +154,22 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per case")
     parser.add_argument("--only", nargs="*", help="case names to run (default: all)")
+    parser.add_argument(
+        "--cases",
+        default="runs",
+        choices=["runs", "micro-batches"],
+        help="runs: the set of one-GPU runs; micro-batches: one global batch cut 1 to 16 ways",
+    )
     args = parser.parse_args()
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
-    cases = QUICK_CASES if args.quick else CASES
+    sets = {
+        ("runs", False): CASES,
+        ("runs", True): QUICK_CASES,
+        ("micro-batches", False): MICRO_BATCH_CASES,
+        ("micro-batches", True): QUICK_MICRO_BATCH_CASES,
+    }
+    cases = sets[(args.cases, args.quick)]
     runs = []
     for name, flags in cases:
         if args.only and name not in args.only:
@@ -127,6 +183,10 @@ def main() -> None:
     print("case | step s | tokens/s/GPU | peak GB | saved MB/layer | layer fwd ms | bwd ms")
     for run in runs:
         print(table_row(run, args.device))
+    slopes = micro_batch_slopes(runs, args.device)
+    if slopes:
+        print("ms a step gains per micro-batch, measured / predicted")
+        print("\n".join(slopes))
 
 
 if __name__ == "__main__":

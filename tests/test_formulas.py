@@ -321,3 +321,22 @@ def test_autocast_casts_and_fp32_norms_cost_memory_time() -> None:
     # norms +4h each, residual adds +4h each, five casts of 6h (q, k, v, up, gate)
     extra = (2 * 4 + 2 * 4 + 5 * 6) * h * S / (x16.hbm_bytes_s * x16.eff_memory)
     assert float(f32 - f16) == pytest.approx(float(extra), rel=1e-9)
+
+
+@pytest.mark.parametrize("m", [1, 2, 8])
+def test_gradient_accumulation_outside_the_gemm_is_a_pass_per_micro_batch(m: int) -> None:
+    """A pass over the rank's weight gradients in every micro-batch, another in every one but
+    the first, each at the memory-bound rate: none where accumulation is fused (the default)."""
+    from autoconfig.cost.memory import stage_params
+
+    layout = {"tp": 2, "pp": 1, "dp": 1, "mbs": 1, "gbs": m}
+    fused = make_inputs("gpt3-1.3b", "h100-sxm-80gb", **layout)
+    apart = make_inputs(
+        "gpt3-1.3b", "h100-sxm-80gb", grad_pass_bytes=6.0, grad_accumulate_bytes=12.0, **layout
+    )
+    params = stage_params(fused)
+    held = float(np.maximum(params.dense_first, params.dense_last))
+    bandwidth = float(fused.hbm_bytes_s * fused.eff_memory)
+    extra = float(step_time(apart).compute - step_time(fused).compute)
+    assert extra == pytest.approx(held * (6.0 * m + 12.0 * (m - 1)) / bandwidth, rel=1e-9)
+    assert held == pytest.approx(catalog.get_model("gpt3-1.3b").param_count() / 2, rel=0.05)

@@ -672,3 +672,13 @@ def test_torchtitan_is_told_its_interleaved_stages_by_their_size(layers, pp, vp)
     assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in toml
     one = exports.export("torchtitan", row | {"vp": 1}, layers, 4 * pp, 8192, "bf16")
     assert "layers_per_stage" not in one
+
+
+def test_frameworks_state_where_they_accumulate_gradients() -> None:
+    def passes(name: str) -> float:
+        return float(frameworks.behaviour(catalog.get_framework(name), "bf16").grad_pass_bytes)
+
+    # nanotron adds each bf16 gradient into an fp32 buffer: read 2 + 4, write 4 bytes
+    assert passes("nanotron") == 10.0
+    # Megatron's weight-gradient GEMM adds into fp32 main_grad itself
+    assert passes("megatron") == passes("nemo") == 0.0

@@ -136,6 +136,10 @@ class CostInputs:
     # GPU): the residual stream and the norms' inputs and outputs are fp32, and every linear
     # casts, and keeps for backward, its own bf16 copy of its input (q, k and v three copies).
     autocast_fp32: Col
+    # Bytes moved per parameter of a rank to accumulate its weight gradient outside the GEMM:
+    # in every micro-batch, and in every micro-batch but the first (columns.Behaviour).
+    grad_pass_bytes: Col
+    grad_accumulate_bytes: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -192,6 +196,8 @@ OPTIONAL_COLUMNS = {
     "ends_split": 0.0,
     "ends_split_to_interleave": 0.0,
     "autocast_fp32": 0.0,
+    "grad_pass_bytes": 0.0,
+    "grad_accumulate_bytes": 0.0,
     "etp": 1.0,
 }
 

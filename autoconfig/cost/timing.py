@@ -26,6 +26,10 @@
   Attention"). EP: all-to-all dispatch and combine, forward and backward (Lepikhin et al.
   2020, GShard), exposed.
 - Multi-token prediction adds its block and a second LM head to the last pipeline stage.
+- Gradient accumulation: a framework that does not add each micro-batch's weight gradients
+  inside the GEMM (as Megatron's gradient_accumulation_fusion does into fp32 main_grad) makes
+  memory-bound passes over them every micro-batch: nanotron adds bf16 gradients into fp32
+  buffers, torch autograd under autocast casts them to fp32 and adds them to `.grad`.
 """
 
 from __future__ import annotations
@@ -124,7 +128,9 @@ def _fwd_bwd(x: CostInputs, ops: list[Op], tokens: Col) -> tuple[Col, Col]:
 class StepTime:
     """Seconds per optimizer step by part; they add up to `total`."""
 
-    compute: Col  # forward + backward + recompute of all micro-batches (slowest stage)
+    # forward + backward + recompute of all micro-batches (slowest stage), with the passes that
+    # accumulate weight gradients outside the GEMM
+    compute: Col
     launch: Col  # time the host's kernel launches add beyond the GPU's work
     tp_comm: Col
     cp_comm: Col
@@ -267,7 +273,7 @@ def step_time(
     dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
     optimizer = optimizer + x.step_overhead_s
     return StepTime(
-        compute=m * pure_compute,
+        compute=m * pure_compute + _gradient_accumulation(x, params, m),
         launch=m * launch_per_mb,
         tp_comm=m * tp_per_mb,
         cp_comm=m * cp_per_mb,
@@ -316,6 +322,15 @@ def _busiest_stage(x: CostInputs, per_stage: Col, layer: Col, ends: Col, last_ex
         [by_cost, by_hand, counted],
         even,
     )
+
+
+def _gradient_accumulation(x: CostInputs, p: StageParams, m: Col) -> Col:
+    """Per step, the passes over the busiest rank's weight gradients that accumulate them
+    outside the weight-gradient GEMM (memory-bound): `grad_pass_bytes` per parameter in every
+    micro-batch, `grad_accumulate_bytes` in every one but the first."""
+    held = np.maximum(p.dense_first, p.dense_last) + np.maximum(p.expert, p.expert_last)
+    moved = m * x.grad_pass_bytes + np.maximum(m - 1.0, 0.0) * x.grad_accumulate_bytes
+    return held * moved / (x.hbm_bytes_s * x.eff_memory)
 
 
 def _data_parallel(

@@ -93,8 +93,25 @@ def training_inputs_of_runs(
             sp_saves_gathered=1.0,
             ends_split_to_interleave=1.0,
             autocast_fp32=np.array(autocast, float),
+            grad_pass_bytes=6.0 * np.array(autocast, float),
+            grad_accumulate_bytes=np.array(
+                [accumulate_bytes(c, d) for c, d in zip(configs, device_types, strict=True)]
+            ),
         ),
     )
+
+
+def accumulate_bytes(cfg: TrainConfig, device_type: str) -> float:
+    """Bytes autograd moves per parameter to add a micro-batch's weight gradient into the
+    `.grad` it already holds (read both, write one): 12 for fp32 gradients (under autocast
+    each bf16 weight gradient is first cast to fp32, 6 bytes in every micro-batch), 6 for bf16
+    weights on CPU. Under FSDP (ZeRO-2/3 over several ranks) the gradients are reduce-scattered
+    every micro-batch and only the shard is added, so none is charged. (The embedding, which
+    autocast leaves in fp32, skips the cast; the model charges every parameter alike.)"""
+    if runs_fsdp(cfg):
+        return 0.0
+    bf16_weights = device_type != "cuda" and cfg.precision == "bf16"
+    return 6.0 if bf16_weights else 12.0
 
 
 def runs_fp32(cfg: TrainConfig, device_type: str) -> bool:
@@ -108,8 +125,12 @@ def runs_autocast(cfg: TrainConfig, device_type: str) -> bool:
     auto or bf16, unless FSDP holds them (ZeRO-2/3 over more than one rank: its mixed-precision
     policy gathers bf16 weights and casts each block's input to bf16, so the layers run in 16
     bits). On CPU, bf16 stores the weights themselves in bf16."""
-    fsdp = cfg.zero >= 2 and cfg.resolved_dp * cfg.cp > 1
-    return device_type == "cuda" and not runs_fp32(cfg, device_type) and not fsdp
+    return device_type == "cuda" and not runs_fp32(cfg, device_type) and not runs_fsdp(cfg)
+
+
+def runs_fsdp(cfg: TrainConfig) -> bool:
+    """Whether FSDP shards the weights and gradients: ZeRO-2/3 over more than one rank."""
+    return cfg.zero >= 2 and cfg.resolved_dp * cfg.cp > 1
 
 
 def as_fp32(out: dict, profile: str) -> dict:
