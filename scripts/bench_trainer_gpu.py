@@ -183,7 +183,8 @@ def main() -> None:
     print("case | step s | tokens/s/GPU | peak GB | saved MB/layer | layer fwd ms | bwd ms")
     for run in runs:
         print(table_row(run, args.device))
-    slopes = micro_batch_slopes(runs, args.device)
+    # only where one batch is cut several ways: the other cases' names share prefixes
+    slopes = micro_batch_slopes(runs, args.device) if args.cases == "micro-batches" else []
     if slopes:
         print("ms a step gains per micro-batch, measured / predicted")
         print("\n".join(slopes))

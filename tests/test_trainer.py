@@ -22,7 +22,7 @@ from autoconfig.trainer.config import config_from_search_row, make_config
 from autoconfig.trainer.launch import launch_local
 from autoconfig.trainer.metrics import EXIT_OOM, RunMetrics, read_metrics
 from autoconfig.trainer.model import Block, rope_tables
-from autoconfig.trainer.prediction import runs_autocast
+from autoconfig.trainer.prediction import grad_bytes_of_run, runs_autocast
 from tests.conftest import make_inputs
 
 STEPS = 3
@@ -340,3 +340,53 @@ def test_a_search_result_becomes_a_trainer_configuration(tmp_path) -> None:
 def test_which_runs_are_predicted_under_autocast(layout, device, autocast) -> None:
     cfg = make_config(model="tiny-llama", **{"gbs": 4, "precision": "auto", **layout})
     assert runs_autocast(cfg, device) is autocast
+
+
+def test_zero0_reduces_gradients_in_the_last_micro_batch_only(monkeypatch) -> None:
+    """DDP and `replicate` (ZeRO-0) skip the all-reduce in every micro-batch but the last, as the
+    cost model charges it, once a step; "dp2 DDP" and "tp2 x dp2" above, at two micro-batches
+    a rank, check that the gradients stay right."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    from autoconfig.trainer.parallel import _replicate, reduce_on_last
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(torch.nn.Linear(2, 2))
+        replicated = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        _replicate(replicated, init_device_mesh("cpu", (1,)))
+        group = replicated._get_fsdp_state()._fsdp_param_group  # torch's own flag
+        seen = []
+        for last in (False, True):
+            with reduce_on_last(ddp, last), reduce_on_last(replicated, last):
+                seen.append((ddp.require_backward_grad_sync, group.reduce_grads))
+        assert seen == [(False, False), (True, True)]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("layout", "device", "expected"),
+    [
+        ({"precision": "auto"}, "cuda", (6.0, 12.0)),  # autocast: cast to fp32, add to .grad
+        ({"precision": "fp32"}, "cuda", (0.0, 12.0)),
+        ({"precision": "fp32"}, "cpu", (0.0, 12.0)),
+        ({"precision": "bf16"}, "cpu", (0.0, 6.0)),  # bf16 weights and gradients
+        # FSDP: copy into the fp32 reduce-scatter buffer, add the reduced half to the shard
+        ({"precision": "auto", "zero": 2, "dp": 2}, "cuda", (6.0, 6.0)),
+        # FSDP under a pipeline schedule: an unsharded fp32 accumulator, bf16 added to it
+        ({"precision": "auto", "zero": 3, "dp": 2, "pp": 2, "gbs": 8}, "cuda", (6.0, 10.0)),
+    ],
+)
+def test_the_gradient_passes_the_trainer_makes_each_micro_batch(layout, device, expected) -> None:
+    cfg = make_config(model="tiny-llama", **{**BASE, "device": device, **layout})
+    assert grad_bytes_of_run(cfg, device) == expected

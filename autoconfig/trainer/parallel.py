@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -213,12 +217,33 @@ def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -
     )
 
 
+@contextmanager
+def reduce_on_last(model: nn.Module, last: bool) -> Iterator[None]:
+    """ZeRO-0's gradient all-reduce in the last micro-batch's backward only: earlier ones
+    accumulate locally (DDP's `no_sync`, `replicate`'s gradient sync turned off), as Megatron's
+    DDP does under gradient accumulation and as the cost model charges it, once a step.
+    FSDP (ZeRO-2/3) still reduce-scatters every micro-batch, which keeps the gradients sharded."""
+    for module in model.modules():
+        if module in _REPLICATED:
+            module.set_requires_gradient_sync(last, recurse=False)
+    if isinstance(model, DistributedDataParallel) and not last:
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+# Modules under `replicate`, whose gradient sync `reduce_on_last` turns off and on.
+_REPLICATED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
 def _replicate(module: nn.Module, mesh: DeviceMesh) -> None:
     """FSDP2's `replicate` (DDP semantics over `mesh`); imported here because torch marks its
     module private and may move it."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
     replicate(module, mesh=mesh)
+    _REPLICATED.add(module)
 
 
 def make_optimizer(chunks: list[nn.Module], cfg: TrainConfig, meshes: Meshes | None):

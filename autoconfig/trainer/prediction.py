@@ -93,25 +93,49 @@ def training_inputs_of_runs(
             sp_saves_gathered=1.0,
             ends_split_to_interleave=1.0,
             autocast_fp32=np.array(autocast, float),
-            grad_pass_bytes=6.0 * np.array(autocast, float),
-            grad_accumulate_bytes=np.array(
-                [accumulate_bytes(c, d) for c, d in zip(configs, device_types, strict=True)]
-            ),
+            **gradient_passes(configs, device_types),
         ),
     )
 
 
-def accumulate_bytes(cfg: TrainConfig, device_type: str) -> float:
-    """Bytes autograd moves per parameter to add a micro-batch's weight gradient into the
-    `.grad` it already holds (read both, write one): 12 for fp32 gradients (under autocast
-    each bf16 weight gradient is first cast to fp32, 6 bytes in every micro-batch), 6 for bf16
-    weights on CPU. Under FSDP (ZeRO-2/3 over several ranks) the gradients are reduce-scattered
-    every micro-batch and only the shard is added, so none is charged. (The embedding, which
-    autocast leaves in fp32, skips the cast; the model charges every parameter alike.)"""
-    if runs_fsdp(cfg):
-        return 0.0
+def gradient_passes(configs: list[TrainConfig], device_types: list[str]) -> dict[str, np.ndarray]:
+    """The Behaviour columns `grad_pass_bytes` and `grad_accumulate_bytes` of trainer runs:
+    what the trainer moves per parameter of a rank, every micro-batch and every one but the
+    first, to accumulate weight gradients (`grad_bytes_of_run`)."""
+    pairs = [grad_bytes_of_run(c, d) for c, d in zip(configs, device_types, strict=True)]
+    passes, adds = zip(*pairs, strict=True)
+    return {
+        "grad_pass_bytes": np.array(passes, float),
+        "grad_accumulate_bytes": np.array(adds, float),
+    }
+
+
+def grad_bytes_of_run(cfg: TrainConfig, device_type: str) -> tuple[float, float]:
+    """(every micro-batch, every one but the first) bytes per parameter of a rank, from the
+    size of a weight gradient as backward makes it (g: 2 under GPU mixed precision or for bf16
+    weights on CPU, else 4) and as it is accumulated (a: 4 under GPU mixed precision, else g).
+
+    - Without FSDP: under autocast each bf16 gradient is cast to fp32 (g + a), and from the
+      second micro-batch on autograd adds it to the `.grad` it holds (3a: read both, write
+      one).
+    - FSDP (ZeRO-2/3 over several ranks) without pipelining: every micro-batch copies the
+      unsharded gradients into its reduce-scatter buffer in the reduce dtype (g + a), and from
+      the second on adds the reduced shard to the sharded `.grad` (3a / (dp cp)).
+    - FSDP under a pipeline schedule (gradient sync off until the last micro-batch): the
+      gradient is upcast once into an unsharded accumulator (g + a) and added to it in every
+      later micro-batch (2a + g).
+
+    The embedding's gradient, which autocast leaves in fp32, skips the cast; the model charges
+    every parameter alike."""
+    mixed = device_type == "cuda" and not runs_fp32(cfg, device_type)
     bf16_weights = device_type != "cuda" and cfg.precision == "bf16"
-    return 6.0 if bf16_weights else 12.0
+    grad = 2.0 if mixed or bf16_weights else 4.0
+    held = 4.0 if mixed else grad
+    if not runs_fsdp(cfg):
+        return (grad + held if grad != held else 0.0), 3.0 * held
+    if cfg.pp > 1:
+        return grad + held, 2.0 * held + grad
+    return grad + held, 3.0 * held / (cfg.resolved_dp * cfg.cp)
 
 
 def runs_fp32(cfg: TrainConfig, device_type: str) -> bool:

@@ -44,6 +44,7 @@ from autoconfig.trainer.parallel import (
     apply_recompute,
     apply_tp,
     make_optimizer,
+    reduce_on_last,
 )
 
 
@@ -230,9 +231,11 @@ class Rank:
             else:
                 model = self.chunks[0]
                 total = 0.0
-                for mb in range(0, inputs.shape[0], cfg.mbs):
-                    mb_loss = loss_fn(model(inputs[mb : mb + cfg.mbs]), targets[mb : mb + cfg.mbs])
-                    (mb_loss / cfg.micro_batches).backward()
+                for i, mb in enumerate(range(0, inputs.shape[0], cfg.mbs)):
+                    with reduce_on_last(model, last=i == cfg.micro_batches - 1):
+                        batch = slice(mb, mb + cfg.mbs)
+                        mb_loss = loss_fn(model(inputs[batch]), targets[batch])
+                        (mb_loss / cfg.micro_batches).backward()
                     total += float(mb_loss.detach())
                 loss = total / cfg.micro_batches
         self._sync_tied()
