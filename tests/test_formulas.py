@@ -340,3 +340,14 @@ def test_gradient_accumulation_outside_the_gemm_is_a_pass_per_micro_batch(m: int
     extra = float(step_time(apart).compute - step_time(fused).compute)
     assert extra == pytest.approx(held * (6.0 * m + 12.0 * (m - 1)) / bandwidth, rel=1e-9)
     assert held == pytest.approx(catalog.get_model("gpt3-1.3b").param_count() / 2, rel=0.05)
+
+
+def test_gradient_passes_lengthen_the_pipeline_slot_the_bubble_counts() -> None:
+    """Each micro-batch's passes run in its backward on every stage: with p stages and v
+    chunks the bubble grows by (p - 1) / v of one micro-batch's share."""
+    layout = {"tp": 1, "pp": 4, "vp": 2, "dp": 1, "mbs": 1, "gbs": 8}
+    fused = step_time(make_inputs("gpt3-1.3b", "h100-sxm-80gb", **layout))
+    apart = step_time(make_inputs("gpt3-1.3b", "h100-sxm-80gb", grad_pass_bytes=10.0, **layout))
+    share = float(apart.compute - fused.compute) / 8
+    assert share > 0
+    assert float(apart.bubble - fused.bubble) == pytest.approx(3 / 2 * share, rel=1e-9)

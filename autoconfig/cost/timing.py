@@ -260,7 +260,9 @@ def step_time(
     # stage_compute already holds the layers' TP and launch time: report them apart.
     launch_per_mb = per_stage * launch_excess
     stage_compute = stage_compute + tp_head
-    slot = stage_compute + cp_per_mb + ep_per_mb  # one micro-batch, whole stage
+    grad_passes = _gradient_accumulation(x, params, m)
+    # one micro-batch, whole stage, with its share of the gradient passes (each in its backward)
+    slot = stage_compute + cp_per_mb + ep_per_mb + grad_passes / m
     pure_compute = stage_compute - tp_per_mb - launch_per_mb
     bubble = (x.pp - 1.0) * slot / x.vp
     # a stage sends the residual stream: fp32 under autocast
@@ -273,7 +275,7 @@ def step_time(
     dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
     optimizer = optimizer + x.step_overhead_s
     return StepTime(
-        compute=m * pure_compute + _gradient_accumulation(x, params, m),
+        compute=m * pure_compute + grad_passes,
         launch=m * launch_per_mb,
         tp_comm=m * tp_per_mb,
         cp_comm=m * cp_per_mb,
