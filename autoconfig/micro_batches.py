@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 from scipy.stats import linregress
 
 FAMILY = ["model", "num_gpus", "gpus_per_node", "tp", "pp", "dp", "zero", "gbs", "seq_len"]
@@ -20,9 +21,9 @@ NUMERIC = ["num_gpus", "gpus_per_node", "tp", "pp", "dp", "mbs", "gbs", "seq_len
 DEFAULT_NODE = 8  # GPUs per node where a row leaves it blank (every H100/A100 source here)
 
 
-def _line(micro: pd.Series, step: pd.Series) -> tuple[float, float]:
-    """(slope in seconds per micro-batch, R^2) of a least-squares line through the points
-    (R^2 NaN where the steps do not vary)."""
+def step_line(micro: ArrayLike, step: ArrayLike) -> tuple[float, float]:
+    """(slope in seconds per micro-batch, R^2) of a least-squares line through step times
+    against micro-batches per step (R^2 NaN where the steps do not vary)."""
     with np.errstate(all="ignore"):
         fit = linregress(micro, step)
     return float(fit.slope), float(fit.rvalue**2)
@@ -67,8 +68,8 @@ def micro_batch_lines(
         )
         if len(sizes) < min_sizes or sizes.index.max() / sizes.index.min() < min_span:
             continue
-        slope, r2 = _line(sizes["micro"], sizes["step"])
-        model_slope, _ = _line(sizes["micro"], sizes["predicted"])
+        slope, r2 = step_line(sizes["micro"], sizes["step"])
+        model_slope, _ = step_line(sizes["micro"], sizes["predicted"])
         family = dict(zip(FAMILY, key, strict=True))
         most = sizes["micro"].idxmax()  # the smallest micro-batch: the most of them
         rows.append(

@@ -21,8 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+from autoconfig.micro_batches import step_line
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.prediction import predicted
 
@@ -138,9 +137,9 @@ def micro_batch_slopes(runs: list[dict], device: str) -> list[str]:
     for family, points in families.items():
         if len(points) < 2 or any(p[2] is None for p in points):
             continue
-        micro, measured, model = (np.array(v, float) for v in zip(*points, strict=True))
-        slope = np.polyfit(micro, measured, 1)[0]
-        model_slope = np.polyfit(micro, model, 1)[0]
+        micro, measured, model = zip(*points, strict=True)
+        slope, _ = step_line(micro, measured)
+        model_slope, _ = step_line(micro, model)
         lines.append(f"{family} | {slope * 1e3:.1f} / {model_slope * 1e3:.1f}")
     return lines
 

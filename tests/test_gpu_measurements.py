@@ -14,6 +14,7 @@ import pytest
 from autoconfig import catalog
 from autoconfig.cost.timing import wave_utilization
 from autoconfig.measure.calibrate import Trial, fit_trials
+from autoconfig.micro_batches import step_line
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.prediction import predicted
 
@@ -125,7 +126,7 @@ def test_what_a_micro_batch_costs_the_trainer_on_the_h100(name: str, family: str
     ]
     micro, measured, model = (np.array(v, float) for v in zip(*points, strict=True))
     assert len(micro) >= 3
-    measured_slope, model_slope = np.polyfit(micro, measured, 1)[0], np.polyfit(micro, model, 1)[0]
+    (measured_slope, _), (model_slope, _) = step_line(micro, measured), step_line(micro, model)
     # the model moves the gradients at the profile's fitted `memory` (0.5 of HBM); the cast and
     # add kernels run at 0.69-0.81 (h100_kernels.json), so it may charge up to 1.6x
     assert 0.6 * measured_slope <= model_slope <= 1.6 * measured_slope

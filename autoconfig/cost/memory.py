@@ -51,6 +51,15 @@ class StageParams:
     layer_expert: Col
     expert_shards: Col  # expert data parallelism: tp*dp*cp / (ep*etp) ranks hold each expert
 
+    @property
+    def busiest_dense(self) -> Col:
+        """Non-expert parameters of the rank of the first or last stage that holds more."""
+        return np.maximum(self.dense_first, self.dense_last)
+
+    @property
+    def busiest_expert(self) -> Col:
+        return np.maximum(self.expert, self.expert_last)
+
 
 def layer_params(ops: list[Op]) -> tuple[Col, Col]:
     """(non-expert, routed-expert) parameters of an average layer on one rank, from the op

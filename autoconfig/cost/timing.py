@@ -330,7 +330,7 @@ def _gradient_accumulation(x: CostInputs, p: StageParams, m: Col) -> Col:
     """Per step, the passes over the busiest rank's weight gradients that accumulate them
     outside the weight-gradient GEMM (memory-bound): `grad_pass_bytes` per parameter in every
     micro-batch, `grad_accumulate_bytes` in every one but the first."""
-    held = np.maximum(p.dense_first, p.dense_last) + np.maximum(p.expert, p.expert_last)
+    held = p.busiest_dense + p.busiest_expert
     moved = m * x.grad_pass_bytes + np.maximum(m - 1.0, 0.0) * x.grad_accumulate_bytes
     return held * moved / (x.hbm_bytes_s * x.eff_memory)
 
@@ -345,8 +345,7 @@ def _data_parallel(
     stage_fwd: Col,
 ) -> tuple[Col, Col]:
     """Exposed gradient/weight communication and the optimizer step, per step."""
-    dense = np.maximum(p.dense_first, p.dense_last)
-    expert = np.maximum(p.expert, p.expert_last)
+    dense, expert = p.busiest_dense, p.busiest_expert
     size, expert_size = x.dp * x.cp, p.expert_shards
     link, expert_link = comm.dp_link(x), comm.group_link(x, expert_size, x.ep * x.etp)
 

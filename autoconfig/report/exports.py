@@ -88,19 +88,7 @@ def context(
     c["nemo_ends_as_layers"] = str(ends) if pp > 1 else None
     c["megatron_pipeline_layout"] = pipeline_layout(layers, pp * vp, mtp) if ends else None
     c["layers_per_virtual_stage"] = layers // (pp * vp) if vp > 1 and not ends else None
-    # torchtitan's stage size: without one it runs 2 stages per rank, so above 2 it must exist
-    per = float(frameworks.layers_per_stage(layers, pp * vp))
-    c["layers_per_stage"] = (
-        int(per)
-        if vp > 1 and not np.isnan(per)  # NaN: no size makes pp*vp stages
-        else Cannot(
-            f"cannot make pp*vp = {pp * vp} stages of {layers} layers: no "
-            "pipeline_parallel_layers_per_stage gives that many (the embedding and the output "
-            "count as a layer each); vp 2 runs without it"
-        )
-        if vp > 2
-        else None
-    )
+    c["layers_per_stage"] = _stage_size(layers, pp, vp)
     # Megatron-Core counts --recompute-num-layers within each model chunk (TransformerBlock
     # recomputes its own first N layers), so a rank's count splits over its vp chunks.
     c["recompute_layers_per_chunk"] = -(-c["recompute_layers"] // vp)
@@ -119,6 +107,31 @@ def context(
     c["nemo_fp8"] = "recipe.trainer.plugins = bf16_with_fp8_mixed()" if fp8 else None
     c["torchtitan_fp8"] = "[float8] enable_fsdp_float8_all_gather = true" if fp8 else None
     return c
+
+
+@dataclass(frozen=True)
+class Cannot:
+    """A context value the layout needs but cannot have: a template naming it refuses."""
+
+    reason: str
+
+
+def _stage_size(layers: int, pp: int, vp: int) -> int | Cannot | None:
+    """torchtitan's stage size in layers for an interleaved layout (frameworks.layers_per_stage);
+    where none makes pp*vp stages, nothing at vp 2 (its default of 2 stages a rank applies) and
+    a refusal above."""
+    if vp == 1:
+        return None
+    per = float(frameworks.layers_per_stage(layers, pp * vp))
+    if not np.isnan(per):
+        return int(per)
+    if vp == 2:
+        return None
+    return Cannot(
+        f"cannot make pp*vp = {pp * vp} stages of {layers} layers: no "
+        "pipeline_parallel_layers_per_stage gives that many (the embedding and the output "
+        "count as a layer each); vp 2 runs without it"
+    )
 
 
 def pipeline_layout(layers: int, chunks: int, mtp: int = 0) -> str:
@@ -160,13 +173,6 @@ def refuses(framework: Framework, name: str, value: Any) -> bool:
     except UserError:
         return True
     return False
-
-
-@dataclass(frozen=True)
-class Cannot:
-    """A context value the layout needs but cannot have: a template naming it refuses."""
-
-    reason: str
 
 
 def _render(template: str, ctx: Mapping[str, Any], framework: Framework) -> str | None:
