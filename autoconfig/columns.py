@@ -71,11 +71,22 @@ class Behaviour:
     # Megatron's fused accumulation (the GEMM adds into fp32 main_grad) moves none.
     grad_pass_bytes: Values = 0.0
     grad_accumulate_bytes: Values = 0.0
+    # The ZeRO stages below 3 whose gradients are reduced in every micro-batch's backward, not
+    # held to the last one's (FSDP's reduce-scatter, DeepSpeed's ZeRO-2), as bits: 1 << stage
+    # (`reduce_bits`). ZeRO-3 reduce-scatters every micro-batch whatever this says, and under a
+    # pipeline schedule every stage reduces once a step.
+    reduce_every_micro_batch: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["flash"] = out.pop("flash_attention")
         return out
+
+
+def reduce_bits(stages: Sequence[int]) -> float:
+    """Behaviour.reduce_every_micro_batch for the ZeRO `stages` that reduce gradients in every
+    micro-batch."""
+    return float(sum(1 << int(stage) for stage in set(stages)))
 
 
 def model_columns(model: ModelSpec) -> dict[str, float]:

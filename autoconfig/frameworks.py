@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from autoconfig.columns import Behaviour
+from autoconfig.columns import Behaviour, reduce_bits
 from autoconfig.specs import FrameworkSpec
 from autoconfig.vocab import Recompute
 
@@ -146,6 +146,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         ends_split=float(does.counts_ends_as_layers),
         ends_split_to_interleave=float(counts_ends_to_interleave(fw)),
         grad_pass_bytes=float(does.grad_accumulation_bytes.value),
+        reduce_every_micro_batch=reduce_bits(does.grad_reduce_every_micro_batch.value),
     )
 
 

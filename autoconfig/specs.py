@@ -397,6 +397,21 @@ class FrameworkBehaviour(_Spec):
     grad_accumulation_bytes: Sourced = Sourced(
         value=0, source="no accumulation pass outside the weight-gradient GEMM is modelled"
     )
+    # the ZeRO stages below 3 whose gradient reduction runs in every micro-batch's backward,
+    # not only the last one's (ZeRO-3 always does; a pipeline schedule never does)
+    grad_reduce_every_micro_batch: Sourced = Sourced(
+        value=[], source="gradients reduced once a step, in the last micro-batch's backward"
+    )
+
+    @field_validator("grad_reduce_every_micro_batch")
+    @classmethod
+    def _stages_below_three(cls, stages: Sourced) -> Sourced:
+        value = stages.value
+        if not isinstance(value, list) or not all(v in (0, 1, 2) for v in value):
+            raise ValueError(
+                f"grad_reduce_every_micro_batch must list ZeRO stages among 0, 1, 2, not {value!r}"
+            )
+        return stages
 
     @field_validator("pipeline_split")
     @classmethod

@@ -351,3 +351,42 @@ def test_gradient_passes_lengthen_the_pipeline_slot_the_bubble_counts() -> None:
     share = float(apart.compute - fused.compute) / 8
     assert share > 0
     assert float(apart.bubble - fused.bubble) == pytest.approx(3 / 2 * share, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_a_framework_that_reduces_every_micro_batch_pays_each_reduction(zero: int) -> None:
+    """Where the framework reduces gradients in every micro-batch's backward (FSDP, DeepSpeed's
+    ZeRO-2), each of the m reductions shows what its backward does not hide; elsewhere only the
+    last one does. A pipeline schedule reduces once a step either way."""
+    from autoconfig.columns import reduce_bits
+
+    m = 8
+    # a 70B stage over 32 nodes, one GPU of each in the DP group: its reduction outlasts a
+    # micro-batch's backward
+    layout = {"tp": 8, "pp": 1, "dp": 32, "mbs": 1, "gbs": m * 32, "zero": zero}
+    once = step_time(make_inputs("llama3-70b", "h100-sxm-80gb", **layout))
+    bits = reduce_bits([zero])
+    every = step_time(
+        make_inputs("llama3-70b", "h100-sxm-80gb", reduce_every_micro_batch=bits, **layout)
+    )
+    other = step_time(
+        make_inputs("llama3-70b", "h100-sxm-80gb", reduce_every_micro_batch=7 - bits, **layout)
+    )
+    one_micro_batch = step_time(make_inputs("llama3-70b", "h100-sxm-80gb", **layout | {"gbs": 32}))
+    # by default the data-parallel cost is one per step, however many micro-batches
+    assert float(once.dp_comm) == pytest.approx(float(one_micro_batch.dp_comm), rel=1e-12)
+    assert float(other.dp_comm) == pytest.approx(float(once.dp_comm), rel=1e-12)
+    exposed_reduction = float(every.dp_comm - once.dp_comm) / (m - 1)
+    assert exposed_reduction > 0.05
+    if zero == 0:  # the all-reduce is all there is
+        assert float(every.dp_comm) == pytest.approx(m * float(once.dp_comm), rel=1e-12)
+    # the rest of the step is unchanged
+    assert float(every.total - every.dp_comm) == pytest.approx(float(once.total - once.dp_comm))
+    piped = layout | {"pp": 2, "dp": 16, "gbs": m * 16}
+    assert float(
+        step_time(
+            make_inputs("llama3-70b", "h100-sxm-80gb", reduce_every_micro_batch=bits, **piped)
+        ).dp_comm
+    ) == pytest.approx(
+        float(step_time(make_inputs("llama3-70b", "h100-sxm-80gb", **piped)).dp_comm)
+    )

@@ -416,6 +416,38 @@ def test_frameworks_state_how_they_cut_the_pipeline() -> None:
         FrameworkSpec.model_validate(raw)
 
 
+def test_frameworks_state_which_zero_stages_reduce_every_micro_batch() -> None:
+    def stages(name: str) -> float:
+        return float(
+            frameworks.behaviour(catalog.get_framework(name), "bf16").reduce_every_micro_batch
+        )
+
+    # Megatron's schedules and nanotron's engine hold the reduction to the last micro-batch
+    assert stages("megatron") == stages("nemo") == stages("nanotron") == 0.0
+    assert stages("deepspeed") == stages("composer") == 4.0  # ZeRO-2 (FSDP, partitioned grads)
+    assert stages("torchtitan") == 5.0  # FSDP2, and DDP as FSDP over the replicate mesh
+    raw = catalog.get_framework("deepspeed").model_dump()
+    raw["does"]["grad_reduce_every_micro_batch"] = {"value": [3], "source": "a test"}
+    with pytest.raises(ValueError, match="must list ZeRO stages among 0, 1, 2"):
+        FrameworkSpec.model_validate(raw)
+
+
+def test_deepspeed_zero2_pays_a_reduction_per_micro_batch_where_zero1_does_not() -> None:
+    """The same tokens in 1 or 16 micro-batches: DeepSpeed's ZeRO-2 reduces the gradients of
+    every micro-batch, its ZeRO-1 once a step, as Megatron's distributed optimizer does."""
+    layout = {"tp": 8, "mbs": 1, "seq_len": 4096, "recompute": "full"}
+
+    def dp_comm(zero: int, gbs: int, framework: str = "deepspeed") -> float:
+        row = api.estimate(
+            "llama3-70b", "h100-sxm-80gb", 256, zero=zero, gbs=gbs, framework=framework, **layout
+        )
+        return float(row["time_dp_comm_s"].iloc[0])
+
+    assert dp_comm(1, 512) == pytest.approx(dp_comm(1, 32), rel=1e-9)
+    assert dp_comm(1, 512, "megatron") == pytest.approx(dp_comm(1, 32, "megatron"), rel=1e-9)
+    assert dp_comm(2, 512) > 4 * dp_comm(2, 32)
+
+
 def _slot(model: str, **layout: float) -> tuple[float, float, float]:
     """(busiest stage time per micro-batch, one layer's, the head's) on h100, tp 1."""
     x = make_inputs(model, gpu="h100-sxm-80gb", dp=1.0, gbs=8.0, **layout)

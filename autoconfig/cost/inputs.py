@@ -140,6 +140,9 @@ class CostInputs:
     # in every micro-batch, and in every micro-batch but the first (columns.Behaviour).
     grad_pass_bytes: Col
     grad_accumulate_bytes: Col
+    # The ZeRO stages below 3 whose gradient reduction runs in every micro-batch's backward
+    # rather than only the last one's, as bits (1 << stage; columns.Behaviour).
+    reduce_every_micro_batch: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -198,6 +201,7 @@ OPTIONAL_COLUMNS = {
     "autocast_fp32": 0.0,
     "grad_pass_bytes": 0.0,
     "grad_accumulate_bytes": 0.0,
+    "reduce_every_micro_batch": 0.0,
     "etp": 1.0,
 }
 

@@ -15,8 +15,9 @@
   the bubble is (p-1)/(v*m) of the ideal time (Narayanan et al. 2021, "Efficient Large-Scale
   Language Model Training on GPU Clusters", Sec. 2.2). Each slot also sends one activation
   forward and one gradient back, exposed unless the framework overlaps P2P with compute.
-- DP: gradients are reduced during the last micro-batch's backward (overlap), ZeRO-1/2
-  all-gather updated weights during the next forward (when the framework overlaps it);
+- DP: gradients are reduced during the last micro-batch's backward (overlap), or during every
+  micro-batch's where the framework does so (FSDP's reduce-scatter, DeepSpeed's ZeRO-2);
+  ZeRO-1/2 all-gather updated weights during the next forward (when the framework overlaps it);
   ZeRO-3 gathers each layer's weights before its forward and its backward and
   reduce-scatters its gradients after, prefetching one layer ahead, so per layer only what
   exceeds that layer's compute is exposed (Rajbhandari et al. 2020; Zhao et al. 2023,
@@ -335,6 +336,16 @@ def _gradient_accumulation(x: CostInputs, p: StageParams, m: Col) -> Col:
     return held * moved / (x.hbm_bytes_s * x.eff_memory)
 
 
+def _reduces_every_micro_batch(x: CostInputs) -> np.ndarray:
+    """Rows whose ZeRO-0/1/2 gradient reduction runs in every micro-batch's backward: the
+    framework's bit for the row's stage (`reduce_every_micro_batch`), without pipelining
+    (a pipeline schedule holds every stage's reduction to its last micro-batch: Megatron-Core's
+    no_sync_func, torch.distributed.pipelining's set_requires_gradient_sync(False))."""
+    stage_bit = np.left_shift(1, np.clip(np.nan_to_num(x.zero), 0, 2).astype(np.int64))
+    framework_bits = np.asarray(x.reduce_every_micro_batch).astype(np.int64)
+    return (np.bitwise_and(framework_bits, stage_bit) > 0) & (x.pp <= 1)
+
+
 def _data_parallel(
     x: CostInputs,
     p: StageParams,
@@ -362,8 +373,11 @@ def _data_parallel(
     ar, rs, ag = ar_d + ar_e, rs_d + rs_e, ag_d + ag_e
     window_b = np.where(x.overlap_grad_reduce > 0, per_stage * b_layer, 0.0)
     window_f = np.where(x.overlap_param_gather > 0, stage_fwd, 0.0)
-    zero0 = np.maximum(ar - window_b, 0.0)
-    zero12 = np.maximum(rs - window_b, 0.0) + np.maximum(ag - window_f, 0.0)
+    # Each reduction hides behind the backward of the micro-batch it runs in: the last one's,
+    # or every one's where the framework reduces in every micro-batch.
+    reductions = np.where(_reduces_every_micro_batch(x), m, 1.0)
+    zero0 = reductions * np.maximum(ar - window_b, 0.0)
+    zero12 = reductions * np.maximum(rs - window_b, 0.0) + np.maximum(ag - window_f, 0.0)
     # ZeRO-3: each layer's weights are gathered before its forward and its backward and its
     # gradients reduce-scattered after, one layer prefetched ahead: per layer, what exceeds
     # that layer's compute is exposed, and the first gather of each pass is not hidden.

@@ -8,7 +8,13 @@ import numpy as np
 import pandas as pd
 
 from autoconfig import catalog, layout
-from autoconfig.columns import Behaviour, Hardware, serving_inputs, training_inputs
+from autoconfig.columns import (
+    Behaviour,
+    Hardware,
+    reduce_bits,
+    serving_inputs,
+    training_inputs,
+)
 from autoconfig.cost import CostInputs, evaluate
 from autoconfig.cost.inference import evaluate_serving
 from autoconfig.trainer.config import TrainConfig
@@ -88,10 +94,13 @@ def training_inputs_of_runs(
         np.array([cfg.global_batch for cfg in configs], float),
         np.array([cfg.seq(s) for cfg, s in zip(configs, specs, strict=True)], float),
         # DTensor SP keeps the all-gathered inputs; an interleave that divides only with the
-        # embedding and the head counted as layers is split so (TrainConfig.stage_layer_ids)
+        # embedding and the head counted as layers is split so (TrainConfig.stage_layer_ids);
+        # FSDP's ZeRO-2 reduce-scatters every micro-batch, DDP and ZeRO-1 once a step
+        # (parallel.reduce_on_last, sharded_optimizer)
         Behaviour(
             sp_saves_gathered=1.0,
             ends_split_to_interleave=1.0,
+            reduce_every_micro_batch=reduce_bits([2]),
             autocast_fp32=np.array(autocast, float),
             **gradient_passes(configs, device_types),
         ),
