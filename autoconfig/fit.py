@@ -9,6 +9,7 @@ cannot drag the constants.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 import numpy as np
@@ -18,7 +19,7 @@ from scipy.optimize import least_squares
 from autoconfig.cost.evaluate import evaluate
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.cost.memory import memory
-from autoconfig.specs import Efficiency
+from autoconfig.specs import Efficiency, GPUSpec
 from autoconfig.vocab import GIB
 
 # Efficiency field -> (CostInputs column, scale from profile units, lower, upper bound). The
@@ -45,6 +46,20 @@ TIME_PARAMS = {
 
 
 GEMM_CLASSES = {"gemm": 16, "gemm_fp8": 8, "gemm_fp4": 4}
+
+
+def measured_bounds(gpus: Iterable[GPUSpec]) -> dict[str, dict[str, tuple[float, float]]]:
+    """By chip, the ranges its profiles state as measured on its kernels
+    (`GPUSpec.measured_efficiency`): where several profiles of one chip state a constant, the
+    range all of them allow."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for gpu in gpus:
+        for name, measured in gpu.measured_efficiency.items():
+            if name not in TIME_PARAMS:
+                continue
+            lo, hi = out.setdefault(gpu.chip, {}).get(name, (0.0, np.inf))
+            out[gpu.chip][name] = (max(lo, measured.low), min(hi, measured.high))
+    return out
 
 
 def gemm_class(x: CostInputs, n: int) -> np.ndarray:
@@ -78,6 +93,7 @@ def fit_time(
     weights: np.ndarray | None = None,
     prior_weight: float = 0.0,
     f_scale: float = 0.15,
+    chip_bounds: dict[str, dict[str, tuple[float, float]]] | None = None,
 ) -> tuple[dict[str, dict[str, float]], float]:
     """Fits TIME_PARAMS per chip (the `chips` entry of each row of `x`) on rows with a measured
     tokens/s/GPU (NaN elsewhere); returns the constants by chip and the robust cost. `only`
@@ -86,8 +102,11 @@ def fit_time(
     `prior_weight` > 0 adds one residual per constant, `prior_weight` x its log-distance from
     its `start` value (`prior_distance`), so that a constant moves only as far as the
     measurements pull it; those residuals are squared as they are (no robust loss). `f_scale`
-    is the log error beyond which a measurement counts as an outlier (Cauchy loss)."""
+    is the log error beyond which a measurement counts as an outlier (Cauchy loss).
+    `chip_bounds` narrows one chip's constants to ranges measured on its own kernels
+    (`measured_bounds`), ahead of `bounds`."""
     bounds = bounds or {}
+    chip_bounds = chip_bounds or {}
     measured = np.asarray(measured, float)
     use = np.isfinite(measured) & (chips != "")
     classes = gemm_class(x, len(chips))
@@ -99,8 +118,9 @@ def fit_time(
             if needed and (only is None or name in only):
                 names.append((chip, name))
     x0 = np.array([getattr(start[c], n) or start[c].gemm_fp8 or start[c].gemm for c, n in names])
-    lo = np.array([bounds.get(n, TIME_PARAMS[n][2:])[0] for _, n in names])
-    hi = np.array([bounds.get(n, TIME_PARAMS[n][2:])[1] for _, n in names])
+    ranges = [chip_bounds.get(c, {}).get(n) or bounds.get(n, TIME_PARAMS[n][2:]) for c, n in names]
+    lo = np.array([r[0] for r in ranges], float)
+    hi = np.array([r[1] for r in ranges], float)
     target = np.log(measured[use])
     root_w = np.sqrt(np.ones(len(chips)) if weights is None else np.asarray(weights, float))[use]
 

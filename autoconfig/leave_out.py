@@ -17,7 +17,14 @@ import pandas as pd
 
 from autoconfig import catalog
 from autoconfig.cost.evaluate import evaluate
-from autoconfig.fit import GEMM_CLASSES, TIME_PARAMS, fit_time, gemm_class, with_params
+from autoconfig.fit import (
+    GEMM_CLASSES,
+    TIME_PARAMS,
+    fit_time,
+    gemm_class,
+    measured_bounds,
+    with_params,
+)
 from autoconfig.frame import TrainingRows
 from autoconfig.resolve import read_resolved
 from autoconfig.specs import Efficiency
@@ -31,8 +38,9 @@ def fit_time_constants(
 ) -> tuple[dict[str, dict[str, float]], float, dict[str, int]]:
     """The time constants by chip fitted on `runs`' completed rows with a measured throughput,
     each source group weighted once and the groups in THROUGHPUT_APART left out, from `start`
-    (the shipped constants when None); with the robust cost and the rows each chip was fitted
-    on (those that weigh in the fit)."""
+    (the shipped constants when None), each inside the ranges its chip's kernels were measured
+    at (`fit.measured_bounds`); with the robust cost and the rows each chip was fitted on (those
+    that weigh in the fit)."""
     fit = runs[runs["status"] == "ok"].reset_index(drop=True)
     measured = measured_throughput(fit)
     if start is None:
@@ -43,7 +51,14 @@ def fit_time_constants(
     sizes = fit.loc[usable, "source_group"].value_counts()
     weights = (1.0 / fit["source_group"].map(sizes)).where(usable, 0.0).to_numpy()
     values = measured.where(usable).to_numpy(float)
-    constants, cost = fit_time(rows.inputs(), chips, values, start, weights=weights)
+    constants, cost = fit_time(
+        rows.inputs(),
+        chips,
+        values,
+        start,
+        weights=weights,
+        chip_bounds=measured_bounds(catalog.gpus().values()),
+    )
     counts = {c: int((chips[usable.to_numpy()] == c).sum()) for c in constants}
     return constants, cost, counts
 

@@ -296,6 +296,20 @@ class ClusterSpec(_Spec):
         return self.nvlink_domain or self.gpus_per_node
 
 
+class MeasuredRange(_Spec):
+    """Where one efficiency constant was measured on the GPU's own kernels, and how."""
+
+    low: float = Field(gt=0, le=1)
+    high: float = Field(gt=0, le=1)
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> MeasuredRange:
+        if self.low > self.high:
+            raise ValueError(f"measured range low {self.low} is above high {self.high}")
+        return self
+
+
 class GPUSpec(_Spec):
     """A GPU type: datasheet figures, efficiency constants and the usual cluster around it."""
 
@@ -317,6 +331,19 @@ class GPUSpec(_Spec):
     cluster: ClusterSpec
     tdp_w: float | None = Field(default=None, gt=0, description="board power, watts")
     source: str = ""
+    measured_efficiency: dict[str, MeasuredRange] = Field(
+        default_factory=dict,
+        description="efficiency constants measured on this GPU's kernels: the published-run "
+        "fit keeps the family's constant inside each range",
+    )
+
+    @field_validator("measured_efficiency")
+    @classmethod
+    def _efficiency_names(cls, v: dict[str, MeasuredRange]) -> dict[str, MeasuredRange]:
+        unknown = set(v) - set(Efficiency.model_fields)
+        if unknown:
+            raise ValueError(f"measured_efficiency: {sorted(unknown)[0]} is no efficiency constant")
+        return v
 
     @field_validator("peak_tflops")
     @classmethod

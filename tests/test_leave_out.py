@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoconfig import catalog, leave_out
+from autoconfig import catalog, fit, leave_out
 from autoconfig.fit import GEMM_CLASSES, TIME_PARAMS
 from autoconfig.leave_out import (
     constants_for_chips,
@@ -17,6 +17,7 @@ from autoconfig.leave_out import (
     neutral_start,
     predict_with,
 )
+from autoconfig.specs import GPUSpec, MeasuredRange
 
 LAYOUTS = [(1, 8, 1), (2, 4, 1), (4, 2, 2), (8, 1, 4)]  # tp, dp, micro-batch
 
@@ -139,3 +140,34 @@ def test_each_group_is_predicted_by_a_fit_on_the_others_alone() -> None:
     assert not left_out.loc[left_out["source_group"] == "bw", "chip_fitted"].any()
     assert left_out.loc[left_out["source_group"] != "bw", "chip_fitted"].all()
     assert (table["rows"] == len(LAYOUTS)).all()
+
+
+def test_the_fit_keeps_a_constant_inside_the_range_its_kernels_were_measured_at(
+    monkeypatch,
+) -> None:
+    """h100's bf16 GEMM efficiency was measured on its kernels (the profile's
+    measured_efficiency): rows measured at half the prediction pull the fitted `gemm` below
+    that range, and the fit stops at its edge."""
+    slow = _runs()
+    slow = slow[slow["source_group"] == "slow"]
+    low, high = fit.measured_bounds(catalog.gpus().values())["h100"]["gemm"]
+    bounded, _, _ = leave_out.fit_time_constants(slow, neutral_start())
+    assert low <= bounded["h100"]["gemm"] <= high
+    monkeypatch.setattr(leave_out, "measured_bounds", lambda gpus: {})
+    free, _, _ = leave_out.fit_time_constants(slow, neutral_start())
+    assert free["h100"]["gemm"] < low
+
+
+def test_measured_ranges_of_one_chip_meet_and_bad_ones_are_refused() -> None:
+    h100 = catalog.get_gpu("h100-sxm-80gb")
+    wide = MeasuredRange(low=0.6, high=0.75, source="a test")
+    other = h100.model_copy(update={"measured_efficiency": {"gemm": wide}})
+    low, high = h100.measured_efficiency["gemm"].low, h100.measured_efficiency["gemm"].high
+    assert fit.measured_bounds([h100, other])["h100"]["gemm"] == (low, min(high, 0.75))
+    raw = h100.model_dump()
+    raw["measured_efficiency"] = {"gemm": {"low": 0.8, "high": 0.7, "source": "a test"}}
+    with pytest.raises(ValueError, match=r"low 0\.8 is above high 0\.7"):
+        GPUSpec.model_validate(raw)
+    raw["measured_efficiency"] = {"gemms": {"low": 0.6, "high": 0.7, "source": "a test"}}
+    with pytest.raises(ValueError, match="gemms is no efficiency constant"):
+        GPUSpec.model_validate(raw)
