@@ -58,7 +58,13 @@ def measured_bounds(gpus: Iterable[GPUSpec]) -> dict[str, dict[str, tuple[float,
             if name not in TIME_PARAMS:
                 continue
             lo, hi = out.setdefault(gpu.chip, {}).get(name, (0.0, np.inf))
-            out[gpu.chip][name] = (max(lo, measured.low), min(hi, measured.high))
+            lo, hi = max(lo, measured.low), min(hi, measured.high)
+            if lo > hi:
+                raise ValueError(
+                    f"{gpu.name}: measured_efficiency.{name} leaves no range its chip "
+                    f"{gpu.chip}'s other profiles allow"
+                )
+            out[gpu.chip][name] = (lo, hi)
     return out
 
 

@@ -164,6 +164,11 @@ def test_measured_ranges_of_one_chip_meet_and_bad_ones_are_refused() -> None:
     other = h100.model_copy(update={"measured_efficiency": {"gemm": wide}})
     low, high = h100.measured_efficiency["gemm"].low, h100.measured_efficiency["gemm"].high
     assert fit.measured_bounds([h100, other])["h100"]["gemm"] == (low, min(high, 0.75))
+    apart = MeasuredRange(low=0.3, high=0.4, source="a test")
+    with pytest.raises(ValueError, match="leaves no range"):
+        fit.measured_bounds(
+            [h100, h100.model_copy(update={"measured_efficiency": {"gemm": apart}})]
+        )
     raw = h100.model_dump()
     raw["measured_efficiency"] = {"gemm": {"low": 0.8, "high": 0.7, "source": "a test"}}
     with pytest.raises(ValueError, match=r"low 0\.8 is above high 0\.7"):
