@@ -76,6 +76,10 @@ class Behaviour:
     # (`reduce_bits`). ZeRO-3 reduce-scatters every micro-batch whatever this says, and under a
     # pipeline schedule every stage reduces once a step.
     reduce_every_micro_batch: Values = 0.0
+    # 1 where ZeRO-2 reshards the weights after each backward (FSDP2's reshard_after_backward,
+    # FSDP1's SHARD_GRAD_OP under gradient sync), so every micro-batch gathers them again;
+    # DeepSpeed's ZeRO-2 keeps whole weights and gathers the updated shards once a step.
+    zero2_gathers_every_micro_batch: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

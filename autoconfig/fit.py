@@ -56,7 +56,7 @@ def measured_bounds(gpus: Iterable[GPUSpec]) -> dict[str, dict[str, tuple[float,
     for gpu in gpus:
         for name, measured in gpu.measured_efficiency.items():
             if name not in TIME_PARAMS:
-                continue
+                raise ValueError(f"{gpu.name}: measured_efficiency.{name} is not a fitted constant")
             lo, hi = out.setdefault(gpu.chip, {}).get(name, (0.0, np.inf))
             lo, hi = max(lo, measured.low), min(hi, measured.high)
             if lo > hi:
@@ -109,8 +109,8 @@ def fit_time(
     its `start` value (`prior_distance`), so that a constant moves only as far as the
     measurements pull it; those residuals are squared as they are (no robust loss). `f_scale`
     is the log error beyond which a measurement counts as an outlier (Cauchy loss).
-    `chip_bounds` narrows one chip's constants to ranges measured on its own kernels
-    (`measured_bounds`), ahead of `bounds`."""
+    `chip_bounds` narrows one chip's constants further, to ranges measured on its own kernels
+    (`measured_bounds`)."""
     bounds = bounds or {}
     chip_bounds = chip_bounds or {}
     measured = np.asarray(measured, float)
@@ -124,9 +124,10 @@ def fit_time(
             if needed and (only is None or name in only):
                 names.append((chip, name))
     x0 = np.array([getattr(start[c], n) or start[c].gemm_fp8 or start[c].gemm for c, n in names])
-    ranges = [chip_bounds.get(c, {}).get(n) or bounds.get(n, TIME_PARAMS[n][2:]) for c, n in names]
-    lo = np.array([r[0] for r in ranges], float)
-    hi = np.array([r[1] for r in ranges], float)
+    general = [bounds.get(n, TIME_PARAMS[n][2:]) for _, n in names]
+    measured_here = [chip_bounds.get(c, {}).get(n, (0.0, np.inf)) for c, n in names]
+    lo = np.array([max(g[0], m[0]) for g, m in zip(general, measured_here, strict=True)], float)
+    hi = np.array([min(g[1], m[1]) for g, m in zip(general, measured_here, strict=True)], float)
     target = np.log(measured[use])
     root_w = np.sqrt(np.ones(len(chips)) if weights is None else np.asarray(weights, float))[use]
 

@@ -147,6 +147,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         ends_split_to_interleave=float(counts_ends_to_interleave(fw)),
         grad_pass_bytes=float(does.grad_accumulation_bytes.value),
         reduce_every_micro_batch=reduce_bits(does.grad_reduce_every_micro_batch.value),
+        zero2_gathers_every_micro_batch=float(does.zero2_gathers_every_micro_batch.value),
     )
 
 

@@ -296,6 +296,19 @@ class ClusterSpec(_Spec):
         return self.nvlink_domain or self.gpus_per_node
 
 
+# The Efficiency constants that are fractions of a datasheet figure, which a kernel measurement
+# can bound (MeasuredRange holds fractions).
+MEASURABLE_EFFICIENCY = (
+    "gemm",
+    "gemm_fp8",
+    "gemm_fp4",
+    "attention",
+    "memory",
+    "intra_node_bus",
+    "inter_node_bus",
+)
+
+
 class MeasuredRange(_Spec):
     """Where one efficiency constant was measured on the GPU's own kernels, and how."""
 
@@ -340,9 +353,12 @@ class GPUSpec(_Spec):
     @field_validator("measured_efficiency")
     @classmethod
     def _efficiency_names(cls, v: dict[str, MeasuredRange]) -> dict[str, MeasuredRange]:
-        unknown = set(v) - set(Efficiency.model_fields)
+        unknown = set(v) - set(MEASURABLE_EFFICIENCY)
         if unknown:
-            raise ValueError(f"measured_efficiency: {sorted(unknown)[0]} is no efficiency constant")
+            raise ValueError(
+                f"measured_efficiency: {sorted(unknown)[0]} is not one of "
+                f"{', '.join(MEASURABLE_EFFICIENCY)}"
+            )
         return v
 
     @field_validator("peak_tflops")
@@ -428,6 +444,12 @@ class FrameworkBehaviour(_Spec):
     # not only the last one's (ZeRO-3 always does; a pipeline schedule never does)
     grad_reduce_every_micro_batch: Sourced = Sourced(
         value=[], source="gradients reduced once a step, in the last micro-batch's backward"
+    )
+
+    # ZeRO-2 reshards the weights after each backward (FSDP), so each micro-batch gathers them
+    # again; else they stay whole and the updated shards are gathered once a step
+    zero2_gathers_every_micro_batch: Sourced = Sourced(
+        value=False, source="ZeRO-2 keeps whole weights between steps"
     )
 
     @field_validator("grad_reduce_every_micro_batch")

@@ -390,3 +390,28 @@ def test_a_framework_that_reduces_every_micro_batch_pays_each_reduction(zero: in
     ) == pytest.approx(
         float(step_time(make_inputs("llama3-70b", "h100-sxm-80gb", **piped)).dp_comm)
     )
+
+
+def test_fsdps_zero2_gathers_the_weights_again_in_every_micro_batch() -> None:
+    """FSDP reshards ZeRO-2's weights after each backward, so each micro-batch's forward
+    gathers them again, layer by layer; DeepSpeed-style ZeRO-2 gathers the updated shards once
+    a step. A pipeline schedule keeps FSDP's weights gathered, and ZeRO-1 is untouched."""
+    m = 8
+    layout = {"tp": 8, "pp": 1, "dp": 32, "mbs": 1, "gbs": m * 32, "zero": 2}
+
+    def dp_comm(gathers: float, **changes: float) -> float:
+        x = make_inputs(
+            "llama3-70b",
+            "h100-sxm-80gb",
+            zero2_gathers_every_micro_batch=gathers,
+            **layout | changes,
+        )
+        return float(step_time(x).dp_comm)
+
+    assert dp_comm(1.0) > dp_comm(0.0) + 0.5
+    # m gathers: per micro-batch the same, so the excess grows with m
+    one = dp_comm(1.0, gbs=32) - dp_comm(0.0, gbs=32)
+    assert dp_comm(1.0) - dp_comm(0.0) > 4 * one
+    assert dp_comm(1.0, zero=1) == pytest.approx(dp_comm(0.0, zero=1), rel=1e-12)
+    piped = {"pp": 2, "dp": 16, "gbs": m * 16}
+    assert dp_comm(1.0, **piped) == pytest.approx(dp_comm(0.0, **piped), rel=1e-12)

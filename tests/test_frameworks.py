@@ -424,8 +424,9 @@ def test_frameworks_state_which_zero_stages_reduce_every_micro_batch() -> None:
 
     # Megatron's schedules and nanotron's engine hold the reduction to the last micro-batch
     assert stages("megatron") == stages("nemo") == stages("nanotron") == 0.0
-    assert stages("deepspeed") == stages("composer") == 4.0  # ZeRO-2 (FSDP, partitioned grads)
-    assert stages("torchtitan") == 5.0  # FSDP2, and DDP as FSDP over the replicate mesh
+    assert stages("deepspeed") == 4.0  # ZeRO-2's partitioned gradients
+    # FSDP: torchtitan's DDP is FSDP over the replicate mesh, Composer's ZeRO-0 FSDP NO_SHARD
+    assert stages("torchtitan") == stages("composer") == 5.0
     raw = catalog.get_framework("deepspeed").model_dump()
     raw["does"]["grad_reduce_every_micro_batch"] = {"value": [3], "source": "a test"}
     with pytest.raises(ValueError, match="must list ZeRO stages among 0, 1, 2"):

@@ -174,5 +174,5 @@ def test_measured_ranges_of_one_chip_meet_and_bad_ones_are_refused() -> None:
     with pytest.raises(ValueError, match=r"low 0\.8 is above high 0\.7"):
         GPUSpec.model_validate(raw)
     raw["measured_efficiency"] = {"gemms": {"low": 0.6, "high": 0.7, "source": "a test"}}
-    with pytest.raises(ValueError, match="gemms is no efficiency constant"):
+    with pytest.raises(ValueError, match="gemms is not one of gemm, gemm_fp8"):
         GPUSpec.model_validate(raw)

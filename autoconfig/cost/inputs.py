@@ -143,6 +143,9 @@ class CostInputs:
     # The ZeRO stages below 3 whose gradient reduction runs in every micro-batch's backward
     # rather than only the last one's, as bits (1 << stage; columns.Behaviour).
     reduce_every_micro_batch: Col
+    # 1 where the framework's ZeRO-2 reshards the weights after each backward (FSDP), so each
+    # micro-batch gathers them again (columns.Behaviour).
+    zero2_gathers_every_micro_batch: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -202,6 +205,7 @@ OPTIONAL_COLUMNS = {
     "grad_pass_bytes": 0.0,
     "grad_accumulate_bytes": 0.0,
     "reduce_every_micro_batch": 0.0,
+    "zero2_gathers_every_micro_batch": 0.0,
     "etp": 1.0,
 }
 
