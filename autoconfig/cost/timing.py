@@ -378,22 +378,19 @@ def _data_parallel(
     reductions = np.where(_reduces_every_micro_batch(x), m, 1.0)
     layers = np.maximum(per_stage, 1.0)
     ag_l, rs_l = ag / layers, rs / layers
-    # FSDP's ZeRO-2 reshards after each backward, so every micro-batch's forward gathers each
-    # layer's weights again, one layer prefetched (as ZeRO-3's forward); a pipeline schedule
-    # keeps them gathered (set_reshard_after_backward(False)).
+    # One micro-batch's forward under FSDP: each layer's weights gathered before it, one layer
+    # prefetched, so what exceeds a layer's compute is exposed and the first gather is not hidden.
+    forward_gathers = per_stage * np.maximum(ag_l - f_layer, 0.0) + ag_l
+    # FSDP's ZeRO-2 reshards after each backward, so every micro-batch's forward gathers again;
+    # a pipeline schedule keeps the weights gathered (set_reshard_after_backward(False)).
     regathers = (x.zero2_gathers_every_micro_batch > 0) & (x.zero == 2) & (x.pp <= 1)
-    gathers = np.where(
-        regathers,
-        m * (per_stage * np.maximum(ag_l - f_layer, 0.0) + ag_l),
-        np.maximum(ag - window_f, 0.0),
-    )
+    gathers = np.where(regathers, m * forward_gathers, np.maximum(ag - window_f, 0.0))
     zero0 = reductions * np.maximum(ar - window_b, 0.0)
     zero12 = reductions * np.maximum(rs - window_b, 0.0) + gathers
-    # ZeRO-3: each layer's weights are gathered before its forward and its backward and its
-    # gradients reduce-scattered after, one layer prefetched ahead: per layer, what exceeds
-    # that layer's compute is exposed, and the first gather of each pass is not hidden.
-    per_layer = np.maximum(ag_l - f_layer, 0.0) + np.maximum(ag_l + rs_l - b_layer, 0.0)
-    zero3 = m * (per_stage * per_layer + 2.0 * ag_l) + rs_l
+    # ZeRO-3: the same forward, and each layer's weights gathered again before its backward and
+    # its gradients reduce-scattered after, one layer prefetched ahead.
+    backward_gathers = per_stage * np.maximum(ag_l + rs_l - b_layer, 0.0) + ag_l
+    zero3 = m * (forward_gathers + backward_gathers) + rs_l
     # Under a pipeline schedule torch keeps a stage's FSDP weights gathered and its gradients
     # unreduced from the first micro-batch to the last (torch.distributed.pipelining.stage:
     # set_reshard_after_backward(False), set_requires_gradient_sync(False)): once per step,
