@@ -80,6 +80,13 @@ class Behaviour:
     # FSDP1's SHARD_GRAD_OP under gradient sync), so every micro-batch gathers them again;
     # DeepSpeed's ZeRO-2 keeps whole weights and gathers the updated shards once a step.
     zero2_gathers_every_micro_batch: Values = 0.0
+    # The ZeRO stages whose gradients are reduced only after the whole backward, with nothing
+    # left to hide behind, as bits (`reduce_bits`): without a pipeline (the bundled trainer's
+    # ZeRO-1 reduce-scatters in its optimizer step) and under one (torch.distributed.pipelining
+    # reduces a stage's FSDP gradients after its last backward, DeepSpeed's pipeline engine in
+    # a ReduceGrads instruction after the last one).
+    reduce_after_backward: Values = 0.0
+    pipeline_reduce_after_backward: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -88,8 +95,8 @@ class Behaviour:
 
 
 def reduce_bits(stages: Sequence[int]) -> float:
-    """Behaviour.reduce_every_micro_batch for the ZeRO `stages` that reduce gradients in every
-    micro-batch."""
+    """The ZeRO `stages` as bits (1 << stage), for Behaviour's per-stage columns
+    (reduce_every_micro_batch, reduce_after_backward, pipeline_reduce_after_backward)."""
     return float(sum(1 << int(stage) for stage in set(stages)))
 
 

@@ -148,6 +148,8 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         grad_pass_bytes=float(does.grad_accumulation_bytes.value),
         reduce_every_micro_batch=reduce_bits(does.grad_reduce_every_micro_batch.value),
         zero2_gathers_every_micro_batch=float(does.zero2_gathers_every_micro_batch.value),
+        reduce_after_backward=reduce_bits(does.grad_reduce_after_backward.value),
+        pipeline_reduce_after_backward=reduce_bits(does.pipeline_grad_reduce_after_backward.value),
     )
 
 

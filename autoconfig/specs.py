@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from autoconfig import layout
 from autoconfig.errors import UserError
@@ -419,6 +427,15 @@ class FrameworkCapabilities(_Spec):
     pipeline_microbatch: Sourced = Sourced(value=0, source="the stated batch is the micro-batch")
 
 
+def _zero_stages(stages: Sourced, field: str | None, allowed: tuple[int, ...]) -> Sourced:
+    """`stages` if its value lists ZeRO stages among `allowed`; else one line naming `field`."""
+    value = stages.value
+    if not isinstance(value, list) or not all(v in allowed for v in value):
+        names = ", ".join(str(a) for a in allowed)
+        raise ValueError(f"{field} must list ZeRO stages among {names}, not {value!r}")
+    return stages
+
+
 class FrameworkBehaviour(_Spec):
     """What a framework does in its performance configuration (and its exported flags ask
     for): each maps onto a column of columns.Behaviour."""
@@ -452,15 +469,25 @@ class FrameworkBehaviour(_Spec):
         value=False, source="ZeRO-2 keeps whole weights between steps"
     )
 
-    @field_validator("grad_reduce_every_micro_batch")
+    # the ZeRO stages whose gradient reduction starts only after the whole backward, so no
+    # backward hides it: without a pipeline (stages 0-2; ZeRO-3 reduces layer by layer) and
+    # under a pipeline schedule (stages 0-3)
+    grad_reduce_after_backward: Sourced = Sourced(
+        value=[], source="gradients reduced during the last micro-batch's backward"
+    )
+    pipeline_grad_reduce_after_backward: Sourced = Sourced(
+        value=[], source="gradients reduced during the last micro-batch's backward"
+    )
+
+    @field_validator("grad_reduce_every_micro_batch", "grad_reduce_after_backward")
     @classmethod
-    def _stages_below_three(cls, stages: Sourced) -> Sourced:
-        value = stages.value
-        if not isinstance(value, list) or not all(v in (0, 1, 2) for v in value):
-            raise ValueError(
-                f"grad_reduce_every_micro_batch must list ZeRO stages among 0, 1, 2, not {value!r}"
-            )
-        return stages
+    def _stages_below_three(cls, stages: Sourced, info: ValidationInfo) -> Sourced:
+        return _zero_stages(stages, info.field_name, (0, 1, 2))
+
+    @field_validator("pipeline_grad_reduce_after_backward")
+    @classmethod
+    def _any_stages(cls, stages: Sourced, info: ValidationInfo) -> Sourced:
+        return _zero_stages(stages, info.field_name, (0, 1, 2, 3))
 
     @field_validator("pipeline_split")
     @classmethod

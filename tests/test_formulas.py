@@ -392,6 +392,41 @@ def test_a_framework_that_reduces_every_micro_batch_pays_each_reduction(zero: in
     )
 
 
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_a_reduction_after_the_whole_backward_hides_behind_none_of_it(zero: int) -> None:
+    """Under a pipeline, a framework whose reduction starts after a stage's last backward
+    (torch.distributed.pipelining, DeepSpeed's pipeline engine) pays it whole; Megatron-style
+    reduction inside the last backward hides behind it. Without a pipeline the other bits
+    decide (the bundled trainer's ZeRO-1 reduces in its optimizer step)."""
+    from autoconfig.columns import reduce_bits
+
+    bits = reduce_bits([zero])
+
+    def dp_comm(**changes: float) -> float:
+        layout = {"tp": 8, "pp": 2, "dp": 16, "mbs": 1, "gbs": 128, "zero": zero} | changes
+        return float(step_time(make_inputs("llama3-70b", "h100-sxm-80gb", **layout)).dp_comm)
+
+    inside = dp_comm()
+    after = dp_comm(pipeline_reduce_after_backward=bits)
+    assert after > inside + 0.05
+    # the exposed part grows by exactly the backward window one stage's layers gave it
+    no_window = dp_comm(overlap_grad_reduce=0.0)
+    assert after == pytest.approx(no_window, rel=1e-12)
+    # other stages' bits, and the unpipelined bits under a pipeline, change nothing
+    assert dp_comm(pipeline_reduce_after_backward=15 - bits) == pytest.approx(inside, rel=1e-12)
+    assert dp_comm(reduce_after_backward=bits) == pytest.approx(inside, rel=1e-12)
+    if zero == 3:
+        return  # ZeRO-3 without a pipeline reduces layer by layer in backward: no such bit
+    flat = {"pp": 1, "dp": 32, "gbs": 256}
+    assert dp_comm(reduce_after_backward=bits, **flat) == pytest.approx(
+        dp_comm(overlap_grad_reduce=0.0, **flat), rel=1e-12
+    )
+    assert dp_comm(reduce_after_backward=bits, **flat) > dp_comm(**flat) + 0.05
+    assert dp_comm(pipeline_reduce_after_backward=bits, **flat) == pytest.approx(
+        dp_comm(**flat), rel=1e-12
+    )
+
+
 def test_fsdps_zero2_gathers_the_weights_again_in_every_micro_batch() -> None:
     """FSDP reshards ZeRO-2's weights after each backward, so each micro-batch's forward
     gathers them again, layer by layer; DeepSpeed-style ZeRO-2 gathers the updated shards once

@@ -433,6 +433,26 @@ def test_frameworks_state_which_zero_stages_reduce_every_micro_batch() -> None:
         FrameworkSpec.model_validate(raw)
 
 
+def test_frameworks_state_which_zero_stages_reduce_after_the_whole_backward() -> None:
+    def stages(name: str) -> tuple[float, float]:
+        b = frameworks.behaviour(catalog.get_framework(name), "bf16")
+        return float(b.reduce_after_backward), float(b.pipeline_reduce_after_backward)
+
+    # Megatron's schedules and nanotron's engine reduce inside the last backward
+    for name in ("megatron", "nemo", "nanotron", "composer"):
+        assert stages(name) == (0.0, 0.0)
+    assert stages("deepspeed") == (0.0, 3.0)  # the pipeline engine's ReduceGrads: ZeRO-0/1
+    assert stages("torchtitan") == (0.0, 13.0)  # torch's pipelining: FSDP and replicate
+    raw = catalog.get_framework("deepspeed").model_dump()
+    raw["does"]["grad_reduce_after_backward"] = {"value": [3], "source": "a test"}
+    with pytest.raises(ValueError, match="grad_reduce_after_backward must list ZeRO stages"):
+        FrameworkSpec.model_validate(raw)
+    raw["does"]["grad_reduce_after_backward"] = {"value": [], "source": "a test"}
+    raw["does"]["pipeline_grad_reduce_after_backward"] = {"value": [4], "source": "a test"}
+    with pytest.raises(ValueError, match="among 0, 1, 2, 3, not"):
+        FrameworkSpec.model_validate(raw)
+
+
 def test_deepspeed_zero2_pays_a_reduction_per_micro_batch_where_zero1_does_not() -> None:
     """The same tokens in 1 or 16 micro-batches: DeepSpeed's ZeRO-2 reduces the gradients of
     every micro-batch, its ZeRO-1 once a step, as Megatron's distributed optimizer does."""

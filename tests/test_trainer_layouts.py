@@ -293,3 +293,36 @@ def test_a_slice_is_predicted_with_the_parameters_it_builds(model: str, tp: int)
     cfg = make_config(model=model, slice=True, tp=tp, layers=2, seq_len=64)
     weights = prediction.predicted(cfg, "cpu-gloo")["mem_weights_gb"] * 2**30 / 2  # 16-bit
     assert weights == pytest.approx(cfg.trained_spec().param_count(), rel=1e-6)
+
+
+def test_the_trainer_prediction_exposes_the_reductions_it_makes_after_backward(
+    monkeypatch,
+) -> None:
+    """ZeRO-1's ShardedOptimizer reduce-scatters in its step, after the whole backward, and
+    torch's pipelining reduces FSDP and `replicate` stages after their last backward, while
+    DDP reduces inside it: the prediction hides none of the former and some of the latter."""
+    from autoconfig.columns import reduce_bits
+
+    def cfg(**layout) -> TrainConfig:
+        return make_config(model="llama3-8b", **{**BASE, "mbs": 1, "gbs": 64, **layout})
+
+    flat = {"dp": 8}
+    runs = [cfg(zero=1, **flat), cfg(zero=0, **flat), cfg(zero=0, pp=2, dp=4),
+            cfg(zero=0, pp=2, dp=2, tp=2)]  # fmt: skip
+    bits = prediction.reductions_after_backward(runs)
+    assert list(bits["reduce_after_backward"]) == [reduce_bits([1])] * 4
+    # DDP at tp 1 reduces in the last backward; `replicate` at tp 2 after it
+    assert bits["pipeline_reduce_after_backward"][2] == reduce_bits([1, 2, 3])
+    assert bits["pipeline_reduce_after_backward"][3] == reduce_bits([0, 1, 2, 3])
+
+    def dp_comm(run: TrainConfig) -> float:
+        return float(prediction.predicted(run, "h100-sxm-80gb", "cuda")["time_dp_comm_s"])
+
+    exposed = [dp_comm(run) for run in runs]
+    none = {k: v * 0 for k, v in bits.items()}
+    monkeypatch.setattr(prediction, "reductions_after_backward", lambda configs: none)
+    hidden = [dp_comm(run) for run in runs]
+    assert exposed[0] > hidden[0] + 0.005  # ZeRO-1's reduce-scatter, whole
+    assert exposed[1] == pytest.approx(hidden[1])  # DDP: inside the last backward
+    assert exposed[2] == pytest.approx(hidden[2])  # DDP under the pipeline too
+    assert exposed[3] > hidden[3]  # `replicate` under the pipeline: after it

@@ -146,6 +146,10 @@ class CostInputs:
     # 1 where the framework's ZeRO-2 reshards the weights after each backward (FSDP), so each
     # micro-batch gathers them again (columns.Behaviour).
     zero2_gathers_every_micro_batch: Col
+    # The ZeRO stages whose gradient reduction starts after the whole backward, unhidden,
+    # without and with a pipeline, as bits (columns.Behaviour).
+    reduce_after_backward: Col
+    pipeline_reduce_after_backward: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -206,6 +210,8 @@ OPTIONAL_COLUMNS = {
     "grad_accumulate_bytes": 0.0,
     "reduce_every_micro_batch": 0.0,
     "zero2_gathers_every_micro_batch": 0.0,
+    "reduce_after_backward": 0.0,
+    "pipeline_reduce_after_backward": 0.0,
     "etp": 1.0,
 }
 

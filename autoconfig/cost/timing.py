@@ -346,6 +346,18 @@ def _reduces_every_micro_batch(x: CostInputs) -> np.ndarray:
     return (np.bitwise_and(framework_bits, stage_bit) > 0) & (x.pp <= 1)
 
 
+def _reduces_after_backward(x: CostInputs) -> np.ndarray:
+    """Rows whose gradient reduction starts only after the stage's whole backward, so no
+    backward hides it: the framework's bit for the row's ZeRO stage, from its pipelined bits
+    under a pipeline schedule and its other bits without one (`reduce_after_backward`,
+    `pipeline_reduce_after_backward`). Under torch.distributed.pipelining the final callback
+    also makes the compute stream wait for the reduction, so an interleaved stage's other
+    chunks do not hide it either (stage.py perform_reduce_grad)."""
+    stage_bit = np.left_shift(1, np.clip(np.nan_to_num(x.zero), 0, 3).astype(np.int64))
+    bits = np.where(x.pp > 1, x.pipeline_reduce_after_backward, x.reduce_after_backward)
+    return np.bitwise_and(np.asarray(bits).astype(np.int64), stage_bit) > 0
+
+
 def _data_parallel(
     x: CostInputs,
     p: StageParams,
@@ -371,7 +383,8 @@ def _data_parallel(
     ar_d, rs_d, ag_d = collectives(dense, size, link)
     ar_e, rs_e, ag_e = collectives(expert, expert_size, expert_link)
     ar, rs, ag = ar_d + ar_e, rs_d + rs_e, ag_d + ag_e
-    window_b = np.where(x.overlap_grad_reduce > 0, per_stage * b_layer, 0.0)
+    hides = (x.overlap_grad_reduce > 0) & ~_reduces_after_backward(x)
+    window_b = np.where(hides, per_stage * b_layer, 0.0)
     window_f = np.where(x.overlap_param_gather > 0, stage_fwd, 0.0)
     # Each reduction hides behind the backward of the micro-batch it runs in: the last one's,
     # or every one's where the framework reduces in every micro-batch.

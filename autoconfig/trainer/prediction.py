@@ -72,6 +72,22 @@ def device_type_of(cfg: TrainConfig, profile: str) -> str:
     return "cpu" if profile == CPU_PROFILE else "cuda"
 
 
+def reductions_after_backward(configs: list[TrainConfig]) -> dict[str, np.ndarray]:
+    """The ZeRO stages whose gradients the trainer reduces only after the whole backward
+    (Behaviour.reduce_after_backward and pipeline_reduce_after_backward), per run. ZeRO-1's
+    ShardedOptimizer reduce-scatters in its step. Under torch.distributed.pipelining, FSDP and
+    `replicate` modules reduce after a stage's last backward (stage.py perform_reduce_grad),
+    while DDP reduces in it; ZeRO-0 runs `replicate` where tensor parallelism or experts
+    reduced apart rule DDP out (parallel.apply_dp)."""
+    piped = [
+        reduce_bits([1, 2, 3] + ([0] if cfg.tp > 1 or cfg.experts_apart else [])) for cfg in configs
+    ]
+    return {
+        "reduce_after_backward": np.full(len(configs), reduce_bits([1])),
+        "pipeline_reduce_after_backward": np.array(piped, float),
+    }
+
+
 def training_inputs_of_runs(
     configs: list[TrainConfig], profiles: list[str], device_types: list[str] | None = None
 ) -> CostInputs:
@@ -102,6 +118,7 @@ def training_inputs_of_runs(
             ends_split_to_interleave=1.0,
             reduce_every_micro_batch=reduce_bits([2]),
             zero2_gathers_every_micro_batch=1.0,  # fully_shard reshards after backward
+            **reductions_after_backward(configs),
             autocast_fp32=np.array(autocast, float),
             **gradient_passes(configs, device_types),
         ),
