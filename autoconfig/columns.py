@@ -87,6 +87,10 @@ class Behaviour:
     # a ReduceGrads instruction after the last one).
     reduce_after_backward: Values = 0.0
     pipeline_reduce_after_backward: Values = 0.0
+    # 1 where FSDP's ZeRO-2/3 copies on the compute stream: every all-gather's output out into
+    # the per-parameter weights (read and written), every gradient into the reduce-scatter's
+    # input in the reduction dtype (torch's fully_shard, _fsdp_collectives.py).
+    fsdp_copies: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

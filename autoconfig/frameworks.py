@@ -150,6 +150,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         zero2_gathers_every_micro_batch=float(does.zero2_gathers_every_micro_batch.value),
         reduce_after_backward=reduce_bits(does.grad_reduce_after_backward.value),
         pipeline_reduce_after_backward=reduce_bits(does.pipeline_grad_reduce_after_backward.value),
+        fsdp_copies=float(does.fsdp_copies.value),
     )
 
 

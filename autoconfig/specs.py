@@ -478,6 +478,10 @@ class FrameworkBehaviour(_Spec):
     pipeline_grad_reduce_after_backward: Sourced = Sourced(
         value=[], source="gradients reduced during the last micro-batch's backward"
     )
+    # FSDP's ZeRO-2/3 copies on the compute stream: each all-gather's output out into the
+    # per-parameter weights, each gradient into the reduce-scatter's input in the reduction
+    # dtype (torch's fully_shard); flat-parameter designs gather and reduce in place
+    fsdp_copies: Sourced = Sourced(value=False, source="gathered and reduced in place")
 
     @field_validator("grad_reduce_every_micro_batch", "grad_reduce_after_backward")
     @classmethod

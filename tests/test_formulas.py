@@ -427,6 +427,37 @@ def test_a_reduction_after_the_whole_backward_hides_behind_none_of_it(zero: int)
     )
 
 
+def test_fsdp_pays_a_memory_pass_for_each_gather_and_reduction_it_copies() -> None:
+    """torch's fully_shard copies every all-gather's output into the per-parameter weights
+    (2 x param_bytes a parameter) and every gradient into the reduce-scatter's input in the
+    reduction dtype (2 + grad_comm_bytes), on the compute stream: ZeRO-3 gathers twice and
+    reduces once a micro-batch, FSDP's ZeRO-2 once each, a pipeline schedule once a step."""
+    model, gpu = "llama3-70b", "h100-sxm-80gb"
+
+    def extra(**layout: float) -> float:
+        base = {"tp": 8, "pp": 1, "dp": 4, "mbs": 1, "gbs": 4, "zero": 3} | layout
+        with_copies = make_inputs(model, gpu, fsdp_copies=1.0, **base)
+        return float(
+            step_time(with_copies).dp_comm - step_time(make_inputs(model, gpu, **base)).dp_comm
+        )
+
+    x = make_inputs(model, gpu)
+    per_byte = catalog.get_model(model).param_count() / 8 / float(x.hbm_bytes_s * x.eff_memory)
+    assert extra() == pytest.approx(14 * per_byte, rel=0.02)  # 2 gathers x 4 + 1 x (2 + 4)
+    assert extra(gbs=32) == pytest.approx(8 * extra(), rel=1e-9)
+    fsdp_zero2 = {"zero": 2, "zero2_gathers_every_micro_batch": 1.0}
+    every = {"reduce_every_micro_batch": 4.0}  # ZeRO-2 reduces in every micro-batch
+    assert extra(**fsdp_zero2, **every) == pytest.approx(10 / 14 * extra(), rel=1e-9)
+    assert extra(gbs=32, **fsdp_zero2, **every) == pytest.approx(8 * extra(**fsdp_zero2), rel=1e-9)
+    # under a pipeline: one gather and one reduction a step, however many micro-batches
+    piped = {"pp": 2, "dp": 2, "gbs": 2}
+    assert extra(**piped) == pytest.approx(10 / 14 * extra() / 2, rel=0.05)
+    assert extra(**piped | {"gbs": 16}) == pytest.approx(extra(**piped), rel=1e-9)
+    # ZeRO-1 and DeepSpeed-style ZeRO-2 gather into and reduce from whole buffers
+    assert extra(zero=1) == 0.0 and extra(zero=2) == 0.0
+    assert extra(dp=1) == 0.0
+
+
 def test_fsdps_zero2_gathers_the_weights_again_in_every_micro_batch() -> None:
     """FSDP reshards ZeRO-2's weights after each backward, so each micro-batch's forward
     gathers them again, layer by layer; DeepSpeed-style ZeRO-2 gathers the updated shards once

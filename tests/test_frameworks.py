@@ -453,6 +453,32 @@ def test_frameworks_state_which_zero_stages_reduce_after_the_whole_backward() ->
         FrameworkSpec.model_validate(raw)
 
 
+def test_frameworks_on_torchs_fully_shard_copy_their_gathers_and_reductions(monkeypatch) -> None:
+    def copies(name: str) -> float:
+        return float(frameworks.behaviour(catalog.get_framework(name), "bf16").fsdp_copies)
+
+    assert copies("torchtitan") == copies("megatron") == 1.0  # FSDP2 (--use-torch-fsdp2)
+    # Megatron-FSDP's buckets, FSDP1's flat parameters, DeepSpeed's partitions: in place
+    assert copies("nemo") == copies("composer") == copies("deepspeed") == 0.0
+    # llama3-8b over 64 ranks, 4 micro-batches: 14 bytes a parameter each at the GPU's
+    # effective memory bandwidth
+    x = make_inputs("llama3-8b", "h100-sxm-80gb")
+    copied = 4 * 14 * catalog.get_model("llama3-8b").param_count()
+    expected = copied / float(x.hbm_bytes_s * x.eff_memory)
+    layout = {"mbs": 1, "gbs": 256, "seq_len": 8192, "recompute": "full", "zero": 3}
+
+    def dp_comm() -> float:
+        row = api.estimate("llama3-8b", "h100-sxm-80gb", 64, framework="torchtitan", **layout)
+        return float(row["time_dp_comm_s"].iloc[0])
+
+    with_copies = dp_comm()
+    raw = catalog.get_framework("torchtitan").model_dump()
+    raw["does"]["fsdp_copies"] = {"value": False, "source": "a test"}
+    in_place = FrameworkSpec.model_validate(raw)
+    monkeypatch.setattr(catalog, "get_framework", lambda name: in_place)
+    assert with_copies - dp_comm() == pytest.approx(expected, rel=0.01)
+
+
 def test_deepspeed_zero2_pays_a_reduction_per_micro_batch_where_zero1_does_not() -> None:
     """The same tokens in 1 or 16 micro-batches: DeepSpeed's ZeRO-2 reduces the gradients of
     every micro-batch, its ZeRO-1 once a step, as Megatron's distributed optimizer does."""

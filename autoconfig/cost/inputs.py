@@ -150,6 +150,8 @@ class CostInputs:
     # without and with a pipeline, as bits (columns.Behaviour).
     reduce_after_backward: Col
     pipeline_reduce_after_backward: Col
+    # 1 where FSDP's gathers and reduce-scatters copy on the compute stream (columns.Behaviour).
+    fsdp_copies: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
 
     @cached_property
@@ -212,6 +214,7 @@ OPTIONAL_COLUMNS = {
     "zero2_gathers_every_micro_batch": 0.0,
     "reduce_after_backward": 0.0,
     "pipeline_reduce_after_backward": 0.0,
+    "fsdp_copies": 0.0,
     "etp": 1.0,
 }
 

@@ -410,10 +410,22 @@ def _data_parallel(
     # as with ZeRO-1/2.
     zero3 = np.where(x.pp > 1, zero12, zero3)
     dp_comm = np.select([x.zero >= 3, x.zero >= 1], [zero3, zero12], zero0)
-    dp_comm = np.where(size * np.maximum(expert_size, 1.0) > 1, dp_comm, 0.0)
+    # FSDP's copies on the compute stream, one per gather and per reduction (torch's
+    # fully_shard: foreach_all_gather_copy_out reads and writes the gathered weights,
+    # foreach_reduce_scatter_copy_in reads the gradients and writes them in the reduction
+    # dtype), charged with the data-parallel cost they belong to.
+    sharded = (x.zero >= 3) | ((x.zero == 2) & (x.zero2_gathers_every_micro_batch > 0))
+    piped = x.pp > 1
+    n_gathers = np.select([piped, x.zero >= 3, regathers], [1.0, 2.0 * m, m], 1.0)
+    n_reductions = np.select([piped, x.zero >= 3], [1.0, m], reductions)
+    copied = n_gathers * 2.0 * x.param_bytes + n_reductions * (2.0 + x.grad_comm_bytes)
+    bandwidth = x.hbm_bytes_s * x.eff_memory
+    held = np.where(size > 1, dense, 0.0) + np.where(expert_size > 1, expert, 0.0)
+    copies = np.where((x.fsdp_copies > 0) & sharded, copied * held / bandwidth, 0.0)
+    dp_comm = np.where(size * np.maximum(expert_size, 1.0) > 1, dp_comm, 0.0) + copies
     # Adam reads the gradients and its states, writes the states and the working weights.
     traffic = 4.0 + 2.0 * x.optim_bytes + x.param_bytes
     shard = np.where(x.zero >= 1, size, 1.0)
     expert_shard = np.where(x.zero >= 1, expert_size, 1.0)
-    optimizer = traffic * (dense / shard + expert / expert_shard) / (x.hbm_bytes_s * x.eff_memory)
+    optimizer = traffic * (dense / shard + expert / expert_shard) / bandwidth
     return dp_comm, optimizer

@@ -118,6 +118,7 @@ def training_inputs_of_runs(
             ends_split_to_interleave=1.0,
             reduce_every_micro_batch=reduce_bits([2]),
             zero2_gathers_every_micro_batch=1.0,  # fully_shard reshards after backward
+            fsdp_copies=1.0,  # fully_shard copies out its gathers and copies in its reductions
             **reductions_after_backward(configs),
             autocast_fp32=np.array(autocast, float),
             **gradient_passes(configs, device_types),
