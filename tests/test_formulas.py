@@ -436,10 +436,13 @@ def test_fsdp_pays_a_memory_pass_for_each_gather_and_reduction_it_copies() -> No
 
     def extra(**layout: float) -> float:
         base = {"tp": 8, "pp": 1, "dp": 4, "mbs": 1, "gbs": 4, "zero": 3} | layout
-        with_copies = make_inputs(model, gpu, fsdp_copies=1.0, **base)
-        return float(
-            step_time(with_copies).dp_comm - step_time(make_inputs(model, gpu, **base)).dp_comm
+        with_copies = step_time(make_inputs(model, gpu, fsdp_copies=1.0, **base))
+        without = step_time(make_inputs(model, gpu, **base))
+        # memory passes on the compute stream: nothing else moves
+        assert float(with_copies.total - with_copies.compute) == pytest.approx(
+            float(without.total - without.compute), rel=1e-12
         )
+        return float(with_copies.compute - without.compute)
 
     x = make_inputs(model, gpu)
     per_byte = catalog.get_model(model).param_count() / 8 / float(x.hbm_bytes_s * x.eff_memory)

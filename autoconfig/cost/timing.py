@@ -130,7 +130,7 @@ class StepTime:
     """Seconds per optimizer step by part; they add up to `total`."""
 
     # forward + backward + recompute of all micro-batches (slowest stage), with the passes that
-    # accumulate weight gradients outside the GEMM
+    # accumulate weight gradients outside the GEMM and FSDP's copies in and out
     compute: Col
     launch: Col  # time the host's kernel launches add beyond the GPU's work
     tp_comm: Col
@@ -273,10 +273,12 @@ def step_time(
     p2p_one = _exposed(p2p_one, np.where(x.vp > 1, x.p2p_overlap, 0.0), f_layer)
     pp_comm = np.where(x.pp > 1, (m * x.vp + x.pp - 1.0) * 2.0 * p2p_one, 0.0)
 
-    dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
+    dp_comm, optimizer, fsdp_copies = _data_parallel(
+        x, params, m, per_stage, f_layer, b_layer, stage_fwd
+    )
     optimizer = optimizer + x.step_overhead_s
     return StepTime(
-        compute=m * pure_compute + grad_passes,
+        compute=m * pure_compute + grad_passes + fsdp_copies,
         launch=m * launch_per_mb,
         tp_comm=m * tp_per_mb,
         cp_comm=m * cp_per_mb,
@@ -366,8 +368,9 @@ def _data_parallel(
     f_layer: Col,
     b_layer: Col,
     stage_fwd: Col,
-) -> tuple[Col, Col]:
-    """Exposed gradient/weight communication and the optimizer step, per step."""
+) -> tuple[Col, Col, Col]:
+    """Exposed gradient/weight communication, the optimizer step and FSDP's copies on the
+    compute stream, per step."""
     dense, expert = p.busiest_dense, p.busiest_expert
     size, expert_size = x.dp * x.cp, p.expert_shards
     link, expert_link = comm.dp_link(x), comm.group_link(x, expert_size, x.ep * x.etp)
@@ -413,7 +416,7 @@ def _data_parallel(
     # FSDP's copies on the compute stream, one per gather and per reduction (torch's
     # fully_shard: foreach_all_gather_copy_out reads and writes the gathered weights,
     # foreach_reduce_scatter_copy_in reads the gradients and writes them in the reduction
-    # dtype), charged with the data-parallel cost they belong to.
+    # dtype): memory passes, counted with the compute as the gradient passes are.
     sharded = (x.zero >= 3) | ((x.zero == 2) & (x.zero2_gathers_every_micro_batch > 0))
     piped = x.pp > 1
     n_gathers = np.select([piped, x.zero >= 3, regathers], [1.0, 2.0 * m, m], 1.0)
@@ -422,10 +425,10 @@ def _data_parallel(
     bandwidth = x.hbm_bytes_s * x.eff_memory
     held = np.where(size > 1, dense, 0.0) + np.where(expert_size > 1, expert, 0.0)
     copies = np.where((x.fsdp_copies > 0) & sharded, copied * held / bandwidth, 0.0)
-    dp_comm = np.where(size * np.maximum(expert_size, 1.0) > 1, dp_comm, 0.0) + copies
+    dp_comm = np.where(size * np.maximum(expert_size, 1.0) > 1, dp_comm, 0.0)
     # Adam reads the gradients and its states, writes the states and the working weights.
     traffic = 4.0 + 2.0 * x.optim_bytes + x.param_bytes
     shard = np.where(x.zero >= 1, size, 1.0)
     expert_shard = np.where(x.zero >= 1, expert_size, 1.0)
     optimizer = traffic * (dense / shard + expert / expert_shard) / bandwidth
-    return dp_comm, optimizer
+    return dp_comm, optimizer, copies
