@@ -1,6 +1,7 @@
 """What one GPU's kernels run at, beside what its profile's fitted constants assume: a device
 copy (HBM bandwidth), bf16 GEMMs at transformer layer shapes (forward, and the two backward
-products), and causal flash attention through PyTorch's SDPA (forward and backward).
+products), causal flash attention through PyTorch's SDPA (forward and backward), the
+memory-bound kernels of an eager layer and the copies FSDP2 makes around its collectives.
 
 The cost model times a GEMM as FLOPs / (peak x `gemm` x wave utilization), attention as
 causal FLOPs / (peak x `attention`) and memory-bound kernels as bytes / (HBM x `memory`)
@@ -225,6 +226,54 @@ def bench_elementwise(
     return rows
 
 
+def bench_fsdp_copies(
+    device: torch.device, scale: int, repeats: int, hbm_tb_s: float, eff: float
+) -> list[Row]:
+    """The copies torch's fully_shard makes on the compute stream around its collectives
+    (_fsdp_collectives.py), for one llama3-8b layer's weights sharded over 8 ranks: the
+    all-gather's output split into the per-parameter weights (split_with_sizes_copy, 2 bytes
+    read and 2 written a parameter) and the bf16 gradients chunked into an fp32 reduce-scatter
+    input (chunk_cat, 2 read and 4 written). The cost model charges both as memory passes."""
+    world, hidden, ffn, kv = (
+        8,
+        max(64, 4096 // scale),
+        max(64, 14336 // scale),
+        max(8, 1024 // scale),
+    )
+    shapes = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden),
+              (ffn, hidden), (ffn, hidden), (hidden, ffn), (hidden,), (hidden,)]  # fmt: skip
+    numels = [int(np.prod(shape)) for shape in shapes]
+    shards = [-(-n // world) for n in numels]
+    gathered = _randn(device, world * sum(shards))
+    weights = [torch.empty(world * s, device=device, dtype=torch.bfloat16) for s in shards]
+    outs = [w.view(world, -1) for w in weights]
+
+    def copy_out(i: int) -> None:
+        torch.split_with_sizes_copy(
+            gathered[i % INPUT_SETS].view(world, -1), shards, dim=1, out=outs
+        )
+
+    grad_sets = [[torch.randn(world * s, device=device, dtype=torch.bfloat16) for s in shards]
+                 for _ in range(INPUT_SETS)]  # fmt: skip
+    reduce_input = torch.empty(world * sum(shards), device=device, dtype=torch.float32)
+
+    def copy_in(i: int) -> None:
+        torch._chunk_cat(grad_sets[i % INPUT_SETS], 0, world, out=reduce_input.view(world, -1))
+
+    params = world * sum(shards)
+    rows = []
+    for label, per_param, fn in (
+        ("FSDP2 all-gather copy-out, bf16", 4, copy_out),
+        ("FSDP2 reduce-scatter copy-in, bf16 to fp32", 6, copy_in),
+    ):
+        ms = time_ms(fn, device, repeats)
+        shape = f"{params / 1e6:.0f}M parameters"
+        rows.append(
+            Row("memory", label, shape, ms, per_param * params / ms / 1e9, hbm_tb_s * eff, "TB/s")
+        )
+    return rows
+
+
 def bench_fp8(
     device: torch.device, repeats: int, peak_fp8: float, eff: float, sms: float
 ) -> list[Row]:
@@ -268,6 +317,7 @@ def main() -> None:
     rows += bench_gemms(device, GEMM_SHAPES, scale, repeats, peak, eff.gemm, gpu.sms)
     rows += bench_attention(device, ATTENTION_SHAPES, scale, repeats, peak, eff.attention)
     rows += bench_elementwise(device, scale, repeats, hbm, eff.memory)
+    rows += bench_fsdp_copies(device, scale, repeats, hbm, eff.memory)
     if device.type == "cuda" and gpu.peak_tflops.get("fp8"):
         fp8_eff = eff.gemm_fp8 or eff.gemm
         try:
