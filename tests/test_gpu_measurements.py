@@ -1,6 +1,7 @@
 """The cost model against what one H100 measured (docs/measured/, docs/gpu_measurements.md):
 the bundled trainer's activations, peaks and per-layer times, the GPU profile's GEMM
-constants against the GEMM kernels, and what calibration makes of the trainer runs."""
+constants against the GEMM kernels, FSDP2's copies against their kernels, and what calibration
+makes of the trainer runs."""
 
 from __future__ import annotations
 
@@ -153,3 +154,25 @@ def test_what_a_micro_batch_costs_the_trainer_on_the_h100(name: str, family: str
 )
 def test_the_micro_batch_runs_peak_memory_on_the_h100(cfg: TrainConfig, run: dict) -> None:
     assert _predicted(run)["pred_peak_mem_gb"] == pytest.approx(run["peak_allocated_gb"], rel=0.1)
+
+
+def test_fsdp2s_copies_cost_what_the_h100_measured() -> None:
+    """ZeRO-3 copies out two gathers and copies in one reduction a micro-batch: the model's
+    charge for them on a llama3-8b rank over 8 (one micro-batch, FSDP's copies on against off)
+    is within 25% of the time the H100 took for the same bytes a parameter."""
+    from conftest import make_inputs
+
+    from autoconfig.cost.timing import step_time
+
+    rows = json.loads((MEASURED / "h100_kernels_fsdp_copies.json").read_text())["rows"]
+    by_label = {r["label"]: r for r in rows}
+    out = by_label["FSDP2 all-gather copy-out, bf16"]
+    into = by_label["FSDP2 reduce-scatter copy-in, bf16 to fp32"]
+    params = out["measured"] * 1e12 * out["median_ms"] / 1e3 / 4  # bytes moved, 4 a parameter
+    measured_s_per_param = (2 * out["median_ms"] + into["median_ms"]) / 1e3 / params
+    layout = {"tp": 1, "pp": 1, "dp": 8, "mbs": 1, "gbs": 8, "zero": 3}
+    spec = catalog.get_model("llama3-8b")
+    on = step_time(make_inputs("llama3-8b", PROFILE, fsdp_copies=1.0, **layout))
+    off = step_time(make_inputs("llama3-8b", PROFILE, **layout))
+    charged_s_per_param = float(on.compute - off.compute) / spec.param_count()
+    assert charged_s_per_param == pytest.approx(measured_s_per_param, rel=0.25)
