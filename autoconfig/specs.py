@@ -12,7 +12,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationInfo,
+    StrictInt,
     create_model,
     field_validator,
     model_validator,
@@ -390,7 +390,8 @@ class GPUSpec(_Spec):
 class Sourced(_Spec):
     """A framework fact and where it comes from (docs, flags or code of the framework)."""
 
-    value: bool | int | str | list[int] | list[str]
+    # strict list items: a YAML `[true]` must not pass for ZeRO stage 1
+    value: bool | int | str | list[StrictInt] | list[str]
     source: str = Field(min_length=1)
 
 
@@ -427,13 +428,32 @@ class FrameworkCapabilities(_Spec):
     pipeline_microbatch: Sourced = Sourced(value=0, source="the stated batch is the micro-batch")
 
 
-def _zero_stages(stages: Sourced, field: str | None, allowed: tuple[int, ...]) -> Sourced:
-    """`stages` if its value lists ZeRO stages among `allowed`; else one line naming `field`."""
+def _zero_stages(stages: Sourced, allowed: tuple[int, ...]) -> Sourced:
+    """`stages` if its value lists ZeRO stages among `allowed` (integers, not true/false);
+    else one line (the field's name leads it in the error)."""
     value = stages.value
-    if not isinstance(value, list) or not all(v in allowed for v in value):
+    if not isinstance(value, list) or not all(type(v) is int and v in allowed for v in value):
         names = ", ".join(str(a) for a in allowed)
-        raise ValueError(f"{field} must list ZeRO stages among {names}, not {value!r}")
+        raise ValueError(f"must list ZeRO stages among {names}, not {value!r}")
     return stages
+
+
+# What a framework does that is either so or not: each must be stated true or false.
+_YES_OR_NO = (
+    "flash_attention",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_overlap",
+    "p2p_overlap",
+    "cuda_graphs",
+    "fused_kernels",
+    "ep_dedup",
+    "fp8_params",
+    "grad_reduce_bf16",
+    "sp_saves_gathered",
+    "zero2_gathers_every_micro_batch",
+    "fsdp_copies",
+)
 
 
 class FrameworkBehaviour(_Spec):
@@ -485,13 +505,20 @@ class FrameworkBehaviour(_Spec):
 
     @field_validator("grad_reduce_every_micro_batch", "grad_reduce_after_backward")
     @classmethod
-    def _stages_below_three(cls, stages: Sourced, info: ValidationInfo) -> Sourced:
-        return _zero_stages(stages, info.field_name, (0, 1, 2))
+    def _stages_below_three(cls, stages: Sourced) -> Sourced:
+        return _zero_stages(stages, (0, 1, 2))
 
     @field_validator("pipeline_grad_reduce_after_backward")
     @classmethod
-    def _any_stages(cls, stages: Sourced, info: ValidationInfo) -> Sourced:
-        return _zero_stages(stages, info.field_name, (0, 1, 2, 3))
+    def _any_stages(cls, stages: Sourced) -> Sourced:
+        return _zero_stages(stages, (0, 1, 2, 3))
+
+    @field_validator(*_YES_OR_NO)
+    @classmethod
+    def _true_or_false(cls, stated: Sourced) -> Sourced:
+        if not isinstance(stated.value, bool):
+            raise ValueError(f"must be true or false, not {stated.value!r}")
+        return stated
 
     @field_validator("pipeline_split")
     @classmethod

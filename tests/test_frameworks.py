@@ -429,7 +429,7 @@ def test_frameworks_state_which_zero_stages_reduce_every_micro_batch() -> None:
     assert stages("torchtitan") == stages("composer") == 5.0
     raw = catalog.get_framework("deepspeed").model_dump()
     raw["does"]["grad_reduce_every_micro_batch"] = {"value": [3], "source": "a test"}
-    with pytest.raises(ValueError, match="must list ZeRO stages among 0, 1, 2"):
+    with pytest.raises(ValueError, match="must list ZeRO stages among 0, 1, 2, not"):
         FrameworkSpec.model_validate(raw)
 
 
@@ -445,12 +445,23 @@ def test_frameworks_state_which_zero_stages_reduce_after_the_whole_backward() ->
     assert stages("torchtitan") == (0.0, 13.0)  # torch's pipelining: FSDP and replicate
     raw = catalog.get_framework("deepspeed").model_dump()
     raw["does"]["grad_reduce_after_backward"] = {"value": [3], "source": "a test"}
-    with pytest.raises(ValueError, match="grad_reduce_after_backward must list ZeRO stages"):
+    with pytest.raises(ValueError, match=r"grad_reduce_after_backward\n.*must list ZeRO stages"):
+        FrameworkSpec.model_validate(raw)
+    raw["does"]["grad_reduce_after_backward"] = {"value": [True], "source": "a test"}
+    with pytest.raises(ValueError, match=r"grad_reduce_after_backward\.value"):
         FrameworkSpec.model_validate(raw)
     raw["does"]["grad_reduce_after_backward"] = {"value": [], "source": "a test"}
     raw["does"]["pipeline_grad_reduce_after_backward"] = {"value": [4], "source": "a test"}
     with pytest.raises(ValueError, match="among 0, 1, 2, 3, not"):
         FrameworkSpec.model_validate(raw)
+
+
+def test_what_a_framework_does_or_not_is_stated_true_or_false(tmp_path) -> None:
+    raw = catalog.get_framework("torchtitan").model_dump()
+    for value in ("yes", 2):
+        raw["does"]["fsdp_copies"] = {"value": value, "source": "a test"}
+        with pytest.raises(ValueError, match=f"must be true or false, not {value!r}"):
+            FrameworkSpec.model_validate(raw)
 
 
 def test_frameworks_on_torchs_fully_shard_copy_their_gathers_and_reductions(monkeypatch) -> None:

@@ -16,7 +16,9 @@
   Language Model Training on GPU Clusters", Sec. 2.2). Each slot also sends one activation
   forward and one gradient back, exposed unless the framework overlaps P2P with compute.
 - DP: gradients are reduced during the last micro-batch's backward (overlap), or during every
-  micro-batch's where the framework does so (FSDP's reduce-scatter, DeepSpeed's ZeRO-2);
+  micro-batch's where the framework does so (FSDP's reduce-scatter, DeepSpeed's ZeRO-2), or
+  after the whole backward, hidden by none of it, where the framework starts it there
+  (torch.distributed.pipelining's FSDP stages, DeepSpeed's pipeline engine);
   ZeRO-1/2 all-gather updated weights during the next forward (when the framework overlaps it);
   ZeRO-3 gathers each layer's weights before its forward and its backward and
   reduce-scatters its gradients after, prefetching one layer ahead, so per layer only what
@@ -31,6 +33,8 @@
   inside the GEMM (as Megatron's gradient_accumulation_fusion does into fp32 main_grad) makes
   memory-bound passes over them every micro-batch: nanotron adds bf16 gradients into fp32
   buffers, torch autograd under autocast casts them to fp32 and adds them to `.grad`.
+  torch's fully_shard also copies on the compute stream around its collectives (each gather
+  out into the weights, each reduction's gradients into the reduce-scatter input).
 """
 
 from __future__ import annotations
@@ -273,12 +277,10 @@ def step_time(
     p2p_one = _exposed(p2p_one, np.where(x.vp > 1, x.p2p_overlap, 0.0), f_layer)
     pp_comm = np.where(x.pp > 1, (m * x.vp + x.pp - 1.0) * 2.0 * p2p_one, 0.0)
 
-    dp_comm, optimizer, fsdp_copies = _data_parallel(
-        x, params, m, per_stage, f_layer, b_layer, stage_fwd
-    )
+    dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
     optimizer = optimizer + x.step_overhead_s
     return StepTime(
-        compute=m * pure_compute + grad_passes + fsdp_copies,
+        compute=m * pure_compute + grad_passes + _fsdp_copies(x, params, m),
         launch=m * launch_per_mb,
         tp_comm=m * tp_per_mb,
         cp_comm=m * cp_per_mb,
@@ -338,14 +340,19 @@ def _gradient_accumulation(x: CostInputs, p: StageParams, m: Col) -> Col:
     return held * moved / (x.hbm_bytes_s * x.eff_memory)
 
 
+def _has_stage_bit(bits: Col, zero: Col) -> np.ndarray:
+    """Whether each row's ZeRO stage is among the stages a per-stage bitmask names
+    (`columns.reduce_bits`: 1 << stage)."""
+    stage_bit = np.left_shift(1, np.clip(np.nan_to_num(zero), 0, 3).astype(np.int64))
+    return np.bitwise_and(np.asarray(bits).astype(np.int64), stage_bit) > 0
+
+
 def _reduces_every_micro_batch(x: CostInputs) -> np.ndarray:
     """Rows whose ZeRO-0/1/2 gradient reduction runs in every micro-batch's backward: the
     framework's bit for the row's stage (`reduce_every_micro_batch`), without pipelining
     (a pipeline schedule holds every stage's reduction to its last micro-batch: Megatron-Core's
     no_sync_func, torch.distributed.pipelining's set_requires_gradient_sync(False))."""
-    stage_bit = np.left_shift(1, np.clip(np.nan_to_num(x.zero), 0, 2).astype(np.int64))
-    framework_bits = np.asarray(x.reduce_every_micro_batch).astype(np.int64)
-    return (np.bitwise_and(framework_bits, stage_bit) > 0) & (x.pp <= 1)
+    return _has_stage_bit(x.reduce_every_micro_batch, x.zero) & (x.zero <= 2) & (x.pp <= 1)
 
 
 def _reduces_after_backward(x: CostInputs) -> np.ndarray:
@@ -355,9 +362,36 @@ def _reduces_after_backward(x: CostInputs) -> np.ndarray:
     `pipeline_reduce_after_backward`). Under torch.distributed.pipelining the final callback
     also makes the compute stream wait for the reduction, so an interleaved stage's other
     chunks do not hide it either (stage.py perform_reduce_grad)."""
-    stage_bit = np.left_shift(1, np.clip(np.nan_to_num(x.zero), 0, 3).astype(np.int64))
     bits = np.where(x.pp > 1, x.pipeline_reduce_after_backward, x.reduce_after_backward)
-    return np.bitwise_and(np.asarray(bits).astype(np.int64), stage_bit) > 0
+    return _has_stage_bit(bits, x.zero)
+
+
+def _fsdp_copies(x: CostInputs, p: StageParams, m: Col) -> Col:
+    """Seconds per step of the copies torch's fully_shard makes on the compute stream
+    (_fsdp_collectives.py), where the framework runs it (`fsdp_copies`) on ZeRO-3 or on a
+    ZeRO-2 that reshards after backward: each all-gather's output split into the
+    per-parameter weights (foreach_all_gather_copy_out: 2 x param_bytes a parameter, read and
+    written), each reduction's gradients chunked into the reduce-scatter input in the
+    reduction dtype (foreach_reduce_scatter_copy_in: read, then grad_comm_bytes written).
+    Without a pipeline ZeRO-3 gathers twice a micro-batch (forward and backward) and reduces
+    once, the resharding ZeRO-2 gathers once and reduces as often as the framework reduces
+    (`reduce_every_micro_batch`); under a pipeline the weights stay
+    gathered and the gradients accumulate in the reduction dtype until one reduction a step,
+    which reads that accumulator. Every module is counted as resharding, though FSDP2 keeps
+    its root (the embedding and head) gathered."""
+    resharding = (x.zero >= 3) | ((x.zero == 2) & (x.zero2_gathers_every_micro_batch > 0))
+    piped = x.pp > 1
+    gathers = np.select([piped, x.zero >= 3], [1.0, 2.0 * m], m)
+    every = (x.zero >= 3) | _reduces_every_micro_batch(x)
+    reductions = np.where(every & ~piped, m, 1.0)
+    read = np.where(piped, x.grad_comm_bytes, 2.0)  # the fp32 accumulator, or bf16 gradients
+    copied = gathers * 2.0 * x.param_bytes + reductions * (read + x.grad_comm_bytes)
+    # the parameters a rank holds in a group of more than one (a group of one is not wrapped)
+    held = np.where(x.dp * x.cp > 1, p.busiest_dense, 0.0) + np.where(
+        p.expert_shards > 1, p.busiest_expert, 0.0
+    )
+    bandwidth = x.hbm_bytes_s * x.eff_memory
+    return np.where((x.fsdp_copies > 0) & resharding, copied * held / bandwidth, 0.0)
 
 
 def _data_parallel(
@@ -368,9 +402,8 @@ def _data_parallel(
     f_layer: Col,
     b_layer: Col,
     stage_fwd: Col,
-) -> tuple[Col, Col, Col]:
-    """Exposed gradient/weight communication, the optimizer step and FSDP's copies on the
-    compute stream, per step."""
+) -> tuple[Col, Col]:
+    """Exposed gradient/weight communication and the optimizer step, per step."""
     dense, expert = p.busiest_dense, p.busiest_expert
     size, expert_size = x.dp * x.cp, p.expert_shards
     link, expert_link = comm.dp_link(x), comm.group_link(x, expert_size, x.ep * x.etp)
@@ -390,7 +423,8 @@ def _data_parallel(
     window_b = np.where(hides, per_stage * b_layer, 0.0)
     window_f = np.where(x.overlap_param_gather > 0, stage_fwd, 0.0)
     # Each reduction hides behind the backward of the micro-batch it runs in: the last one's,
-    # or every one's where the framework reduces in every micro-batch.
+    # or every one's where the framework reduces in every micro-batch; one that starts after
+    # the whole backward hides behind none (window_b is zero there).
     reductions = np.where(_reduces_every_micro_batch(x), m, 1.0)
     layers = np.maximum(per_stage, 1.0)
     ag_l, rs_l = ag / layers, rs / layers
@@ -413,22 +447,10 @@ def _data_parallel(
     # as with ZeRO-1/2.
     zero3 = np.where(x.pp > 1, zero12, zero3)
     dp_comm = np.select([x.zero >= 3, x.zero >= 1], [zero3, zero12], zero0)
-    # FSDP's copies on the compute stream, one per gather and per reduction (torch's
-    # fully_shard: foreach_all_gather_copy_out reads and writes the gathered weights,
-    # foreach_reduce_scatter_copy_in reads the gradients and writes them in the reduction
-    # dtype): memory passes, counted with the compute as the gradient passes are.
-    sharded = (x.zero >= 3) | ((x.zero == 2) & (x.zero2_gathers_every_micro_batch > 0))
-    piped = x.pp > 1
-    n_gathers = np.select([piped, x.zero >= 3, regathers], [1.0, 2.0 * m, m], 1.0)
-    n_reductions = np.select([piped, x.zero >= 3], [1.0, m], reductions)
-    copied = n_gathers * 2.0 * x.param_bytes + n_reductions * (2.0 + x.grad_comm_bytes)
-    bandwidth = x.hbm_bytes_s * x.eff_memory
-    held = np.where(size > 1, dense, 0.0) + np.where(expert_size > 1, expert, 0.0)
-    copies = np.where((x.fsdp_copies > 0) & sharded, copied * held / bandwidth, 0.0)
     dp_comm = np.where(size * np.maximum(expert_size, 1.0) > 1, dp_comm, 0.0)
     # Adam reads the gradients and its states, writes the states and the working weights.
     traffic = 4.0 + 2.0 * x.optim_bytes + x.param_bytes
     shard = np.where(x.zero >= 1, size, 1.0)
     expert_shard = np.where(x.zero >= 1, expert_size, 1.0)
-    optimizer = traffic * (dense / shard + expert / expert_shard) / bandwidth
-    return dp_comm, optimizer, copies
+    optimizer = traffic * (dense / shard + expert / expert_shard) / (x.hbm_bytes_s * x.eff_memory)
+    return dp_comm, optimizer

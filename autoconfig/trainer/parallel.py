@@ -162,11 +162,11 @@ def _expert_modules(model: nn.Module) -> list[LocalExperts]:
 def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -> nn.Module:
     """Gradients are reduced over the dp*cp ranks holding the same weights (CP ranks hold the
     same weights and see other tokens), expert gradients over the edp ranks holding the same
-    experts. ZeRO-3: FSDP2 resharding after forward; ZeRO-2: FSDP2 keeping the gathered
-    weights through backward (gradients and optimizer states sharded); ZeRO-1: no wrapper,
-    the sharded optimizer reduce-scatters (make_optimizer); ZeRO-0: DDP, or FSDP2's
-    `replicate` (DDP semantics) where DDP cannot go: DTensor (tp > 1) parameters, or experts
-    reduced over another group than the rest (`cfg.experts_apart`)."""
+    experts. ZeRO-3: FSDP2 resharding after forward (not under a pipeline); ZeRO-2: FSDP2
+    keeping the gathered weights through backward (gradients and optimizer states sharded);
+    ZeRO-1: no wrapper, the sharded optimizer reduce-scatters (make_optimizer); ZeRO-0: DDP,
+    or FSDP2's `replicate` (DDP semantics) where DDP cannot go: DTensor (tp > 1) parameters,
+    or experts reduced over another group than the rest (`cfg.experts_apart`)."""
     separate_experts = cfg.experts_apart
     if cfg.zero == 1:
         return model
@@ -186,7 +186,10 @@ def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -
             param_dtype=torch.bfloat16 if bf16 else None,
             reduce_dtype=torch.float32 if bf16 else None,
         )
-        reshard = cfg.zero == 3
+        # Under a pipeline the weights stay gathered from forward to backward, as torchtitan's
+        # default (distributed/fsdp.py get_fsdp_reshard_after_forward_policy) and the cost
+        # model have it: resharding would gather every micro-batch twice, unhidden.
+        reshard = cfg.zero == 3 and cfg.pp == 1
         for block in model.layers.values():
             if separate_experts and isinstance(block.mlp, MoE):
                 fully_shard(

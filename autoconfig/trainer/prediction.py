@@ -146,9 +146,10 @@ def grad_bytes_of_run(cfg: TrainConfig, device_type: str) -> tuple[float, float]
     - Without FSDP: under autocast each bf16 gradient is cast to fp32 (g + a), and from the
       second micro-batch on autograd adds it to the `.grad` it holds (3a: read both, write
       one).
-    - FSDP (ZeRO-2/3 over several ranks) without pipelining: every micro-batch copies the
-      unsharded gradients into its reduce-scatter buffer in the reduce dtype (g + a), and from
-      the second on adds the reduced shard to the sharded `.grad` (3a / (dp cp)).
+    - FSDP (ZeRO-2/3 over several ranks) without pipelining: from the second micro-batch on
+      it adds the reduced shard to the sharded `.grad` (3a / (dp cp)). Its copy of the
+      unsharded gradients into the reduce-scatter buffer every micro-batch is one of FSDP's
+      copies (Behaviour.fsdp_copies), not counted here.
     - FSDP under a pipeline schedule (gradient sync off until the last micro-batch): the
       gradient is upcast once into an unsharded accumulator (g + a) and added to it in every
       later micro-batch (2a + g).
@@ -163,7 +164,7 @@ def grad_bytes_of_run(cfg: TrainConfig, device_type: str) -> tuple[float, float]
         return (grad + held if grad != held else 0.0), 3.0 * held
     if cfg.pp > 1:
         return grad + held, 2.0 * held + grad
-    return grad + held, 3.0 * held / (cfg.resolved_dp * cfg.cp)
+    return 0.0, 3.0 * held / (cfg.resolved_dp * cfg.cp)
 
 
 def runs_fp32(cfg: TrainConfig, device_type: str) -> bool:
