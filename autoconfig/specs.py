@@ -395,6 +395,58 @@ class Sourced(_Spec):
     source: str = Field(min_length=1)
 
 
+def _zero_stages(stages: Sourced, allowed: tuple[int, ...]) -> Sourced:
+    """`stages` if its value lists ZeRO stages among `allowed` (Sourced keeps list items
+    integers, not true/false); else one line (the field's name leads it in the error)."""
+    value = stages.value
+    if not isinstance(value, list) or not all(v in allowed for v in value):
+        names = ", ".join(str(a) for a in allowed)
+        raise ValueError(f"must list ZeRO stages among {names}, not {value!r}")
+    return stages
+
+
+# What a framework does that is either so or not: each must be stated true or false.
+_YES_OR_NO = (
+    "flash_attention",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_overlap",
+    "p2p_overlap",
+    "cuda_graphs",
+    "fused_kernels",
+    "ep_dedup",
+    "fp8_params",
+    "grad_reduce_bf16",
+    "sp_saves_gathered",
+    "zero2_gathers_every_micro_batch",
+    "fsdp_copies",
+)
+
+
+def _true_or_false(stated: Sourced) -> Sourced:
+    """`stated` if its value is true or false; else one line (the field's name leads it)."""
+    if not isinstance(stated.value, bool):
+        raise ValueError(f"must be true or false, not {stated.value!r}")
+    return stated
+
+
+# What a framework can run that it either can or cannot: stated true or false.
+_CAN_OR_NOT = (
+    "tensor_parallel",
+    "pipeline",
+    "interleaving",
+    "interleave_needs_pp_multiple",
+    "uneven_pipeline",
+    "ends_as_layers_split",
+    "stages_by_size",
+    "context_parallel",
+    "expert_parallel",
+    "expert_folding",
+    "expert_tensor_parallel",
+    "partial_recompute",
+)
+
+
 class FrameworkCapabilities(_Spec):
     """What a training framework can run: layouts outside these are never proposed for it."""
 
@@ -427,33 +479,10 @@ class FrameworkCapabilities(_Spec):
     # micro-batch).
     pipeline_microbatch: Sourced = Sourced(value=0, source="the stated batch is the micro-batch")
 
-
-def _zero_stages(stages: Sourced, allowed: tuple[int, ...]) -> Sourced:
-    """`stages` if its value lists ZeRO stages among `allowed` (integers, not true/false);
-    else one line (the field's name leads it in the error)."""
-    value = stages.value
-    if not isinstance(value, list) or not all(type(v) is int and v in allowed for v in value):
-        names = ", ".join(str(a) for a in allowed)
-        raise ValueError(f"must list ZeRO stages among {names}, not {value!r}")
-    return stages
-
-
-# What a framework does that is either so or not: each must be stated true or false.
-_YES_OR_NO = (
-    "flash_attention",
-    "overlap_grad_reduce",
-    "overlap_param_gather",
-    "tp_overlap",
-    "p2p_overlap",
-    "cuda_graphs",
-    "fused_kernels",
-    "ep_dedup",
-    "fp8_params",
-    "grad_reduce_bf16",
-    "sp_saves_gathered",
-    "zero2_gathers_every_micro_batch",
-    "fsdp_copies",
-)
+    @field_validator(*_CAN_OR_NOT)
+    @classmethod
+    def _true_or_false(cls, stated: Sourced) -> Sourced:
+        return _true_or_false(stated)
 
 
 class FrameworkBehaviour(_Spec):
@@ -516,9 +545,7 @@ class FrameworkBehaviour(_Spec):
     @field_validator(*_YES_OR_NO)
     @classmethod
     def _true_or_false(cls, stated: Sourced) -> Sourced:
-        if not isinstance(stated.value, bool):
-            raise ValueError(f"must be true or false, not {stated.value!r}")
-        return stated
+        return _true_or_false(stated)
 
     @field_validator("pipeline_split")
     @classmethod

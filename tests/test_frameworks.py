@@ -456,11 +456,25 @@ def test_frameworks_state_which_zero_stages_reduce_after_the_whole_backward() ->
         FrameworkSpec.model_validate(raw)
 
 
-def test_what_a_framework_does_or_not_is_stated_true_or_false(tmp_path) -> None:
+YES_OR_NO = {
+    "can": ["tensor_parallel", "pipeline", "interleaving", "interleave_needs_pp_multiple",
+            "uneven_pipeline", "ends_as_layers_split", "stages_by_size", "context_parallel",
+            "expert_parallel", "expert_folding", "expert_tensor_parallel", "partial_recompute"],
+    "does": ["flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_overlap",
+             "p2p_overlap", "cuda_graphs", "fused_kernels", "ep_dedup", "fp8_params",
+             "grad_reduce_bf16", "sp_saves_gathered", "zero2_gathers_every_micro_batch",
+             "fsdp_copies"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("part", "name"), [(part, name) for part, names in YES_OR_NO.items() for name in names]
+)
+def test_what_a_framework_can_or_does_is_stated_true_or_false(part: str, name: str) -> None:
     raw = catalog.get_framework("torchtitan").model_dump()
     for value in ("yes", 2):
-        raw["does"]["fsdp_copies"] = {"value": value, "source": "a test"}
-        with pytest.raises(ValueError, match=f"must be true or false, not {value!r}"):
+        raw[part][name] = {"value": value, "source": "a test"}
+        with pytest.raises(ValueError, match=f"{name}\n.*must be true or false, not {value!r}"):
             FrameworkSpec.model_validate(raw)
 
 

@@ -112,6 +112,21 @@ def test_layout_trains_like_one_process(single, tmp_path, model, layout) -> None
     assert metrics.losses == pytest.approx(single[model], rel=RTOL)
 
 
+@pytest.mark.parametrize(
+    ("layout", "reshards"),
+    [({"zero": 3, "dp": 2}, True), ({"zero": 3, "dp": 2, "pp": 2}, False),
+     ({"zero": 2, "dp": 2}, False)],
+)  # fmt: skip
+def test_fsdp_keeps_the_weights_gathered_under_a_pipeline(layout: dict, reshards: bool) -> None:
+    """ZeRO-3 frees the gathered weights after each forward, except under a pipeline, where
+    they stay gathered from forward to backward (torchtitan's default, what the model
+    charges); ZeRO-2 keeps them gathered through backward."""
+    from autoconfig.trainer.parallel import reshards_after_forward
+
+    cfg = make_config(model="tiny-llama", **{**BASE, "gbs": 8, **layout})
+    assert reshards_after_forward(cfg) is reshards
+
+
 def test_untied_head_with_learned_positions_across_stages(tmp_path) -> None:
     """The last stage's own head starts from the same weights as in one process (its init
     does not depend on which embeddings the stage holds)."""
@@ -386,8 +401,11 @@ def test_zero0_reduces_gradients_in_the_last_micro_batch_only(monkeypatch) -> No
         # FSDP: add the reduced half to the shard (its copy into the fp32 reduce-scatter
         # buffer is one of FSDP's copies, charged apart)
         ({"precision": "auto", "zero": 2, "dp": 2}, "cuda", (0.0, 6.0)),
-        # FSDP under a pipeline schedule: an unsharded fp32 accumulator, bf16 added to it
-        ({"precision": "auto", "zero": 3, "dp": 2, "pp": 2, "gbs": 8}, "cuda", (6.0, 10.0)),
+        # FSDP under a pipeline schedule: the first bf16 gradient upcast into an unsharded fp32
+        # accumulator (6), each later one added to it (2 + 4 + 4 = 6 + 4)
+        ({"precision": "auto", "zero": 3, "dp": 2, "pp": 2, "gbs": 8}, "cuda", (6.0, 4.0)),
+        # without a reduce dtype autograd adds into `.grad`
+        ({"precision": "fp32", "zero": 3, "dp": 2, "pp": 2, "gbs": 8}, "cpu", (0.0, 12.0)),
     ],
 )
 def test_the_gradient_passes_the_trainer_makes_each_micro_batch(layout, device, expected) -> None:

@@ -386,7 +386,8 @@ def _fsdp_copies(x: CostInputs, p: StageParams, m: Col) -> Col:
     reductions = np.where(every & ~piped, m, 1.0)
     read = np.where(piped, x.grad_comm_bytes, 2.0)  # the fp32 accumulator, or bf16 gradients
     copied = gathers * 2.0 * x.param_bytes + reductions * (read + x.grad_comm_bytes)
-    # the parameters a rank holds in a group of more than one (a group of one is not wrapped)
+    # the parameters a rank holds in a group of more than one (a group of one is charged
+    # nothing, though torchtitan wraps it in fully_shard too)
     held = np.where(x.dp * x.cp > 1, p.busiest_dense, 0.0) + np.where(
         p.expert_shards > 1, p.busiest_expert, 0.0
     )

@@ -159,6 +159,14 @@ def _expert_modules(model: nn.Module) -> list[LocalExperts]:
     return [m for m in model.modules() if isinstance(m, LocalExperts)]
 
 
+def reshards_after_forward(cfg: TrainConfig) -> bool:
+    """Whether FSDP frees the gathered weights after each forward: ZeRO-3 without a pipeline.
+    Under a pipeline they stay gathered from forward to backward, as torchtitan's default has
+    it (distributed/fsdp.py get_fsdp_reshard_after_forward_policy) and the cost model charges
+    it: resharding would gather every micro-batch twice, unhidden."""
+    return cfg.zero == 3 and cfg.pp == 1
+
+
 def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -> nn.Module:
     """Gradients are reduced over the dp*cp ranks holding the same weights (CP ranks hold the
     same weights and see other tokens), expert gradients over the edp ranks holding the same
@@ -186,10 +194,7 @@ def apply_dp(model: Transformer, cfg: TrainConfig, meshes: Meshes, bf16: bool) -
             param_dtype=torch.bfloat16 if bf16 else None,
             reduce_dtype=torch.float32 if bf16 else None,
         )
-        # Under a pipeline the weights stay gathered from forward to backward, as torchtitan's
-        # default (distributed/fsdp.py get_fsdp_reshard_after_forward_policy) and the cost
-        # model have it: resharding would gather every micro-batch twice, unhidden.
-        reshard = cfg.zero == 3 and cfg.pp == 1
+        reshard = reshards_after_forward(cfg)
         for block in model.layers.values():
             if separate_experts and isinstance(block.mlp, MoE):
                 fully_shard(

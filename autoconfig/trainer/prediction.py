@@ -150,9 +150,11 @@ def grad_bytes_of_run(cfg: TrainConfig, device_type: str) -> tuple[float, float]
       it adds the reduced shard to the sharded `.grad` (3a / (dp cp)). Its copy of the
       unsharded gradients into the reduce-scatter buffer every micro-batch is one of FSDP's
       copies (Behaviour.fsdp_copies), not counted here.
-    - FSDP under a pipeline schedule (gradient sync off until the last micro-batch): the
-      gradient is upcast once into an unsharded accumulator (g + a) and added to it in every
-      later micro-batch (2a + g).
+    - FSDP under a pipeline schedule (gradient sync off until the last micro-batch): under
+      GPU mixed precision the first gradient is upcast into an unsharded accumulator in the
+      reduce dtype (g + a) and every later one added to it (2a + g), so (g + a, a) make
+      g + a in the first micro-batch and 2a + g in each later one; without a reduce dtype
+      autograd adds into `.grad` (3a).
 
     The embedding's gradient, which autocast leaves in fp32, skips the cast; the model charges
     every parameter alike."""
@@ -163,7 +165,7 @@ def grad_bytes_of_run(cfg: TrainConfig, device_type: str) -> tuple[float, float]
     if not runs_fsdp(cfg):
         return (grad + held if grad != held else 0.0), 3.0 * held
     if cfg.pp > 1:
-        return grad + held, 2.0 * held + grad
+        return (grad + held, held) if grad != held else (0.0, 3.0 * held)
     return 0.0, 3.0 * held / (cfg.resolved_dp * cfg.cp)
 
 
