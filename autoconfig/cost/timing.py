@@ -375,10 +375,10 @@ def _fsdp_copies(x: CostInputs, p: StageParams, m: Col) -> Col:
     reduction dtype (foreach_reduce_scatter_copy_in: read, then grad_comm_bytes written).
     Without a pipeline ZeRO-3 gathers twice a micro-batch (forward and backward) and reduces
     once, the resharding ZeRO-2 gathers once and reduces as often as the framework reduces
-    (`reduce_every_micro_batch`); under a pipeline the weights stay
-    gathered and the gradients accumulate in the reduction dtype until one reduction a step,
-    which reads that accumulator. Every module is counted as resharding, though FSDP2 keeps
-    its root (the embedding and head) gathered."""
+    (`reduce_every_micro_batch`); under a pipeline the weights stay gathered and the
+    gradients accumulate in the reduction dtype until one reduction a step, which reads that
+    accumulator. Every module is counted as resharding, though FSDP2 keeps its root (the
+    embedding and head) gathered."""
     resharding = (x.zero >= 3) | ((x.zero == 2) & (x.zero2_gathers_every_micro_batch > 0))
     piped = x.pp > 1
     gathers = np.select([piped, x.zero >= 3], [1.0, 2.0 * m], m)
