@@ -234,12 +234,9 @@ def bench_fsdp_copies(
     all-gather's output split into the per-parameter weights (split_with_sizes_copy, 2 bytes
     read and 2 written a parameter) and the bf16 gradients chunked into an fp32 reduce-scatter
     input (chunk_cat, 2 read and 4 written). The cost model charges both as memory passes."""
-    world, hidden, ffn, kv = (
-        8,
-        max(64, 4096 // scale),
-        max(64, 14336 // scale),
-        max(8, 1024 // scale),
-    )
+    spec = catalog.get_model("llama3-8b")
+    world, hidden, ffn = 8, max(64, spec.hidden // scale), max(64, spec.ffn_hidden // scale)
+    kv = max(8, spec.kv * spec.dhead // scale)
     shapes = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden),
               (ffn, hidden), (ffn, hidden), (hidden, ffn), (hidden,), (hidden,)]  # fmt: skip
     numels = [int(np.prod(shape)) for shape in shapes]

@@ -347,6 +347,12 @@ def _has_stage_bit(bits: Col, zero: Col) -> np.ndarray:
     return np.bitwise_and(np.asarray(bits).astype(np.int64), stage_bit) > 0
 
 
+def _fsdp_zero2(x: CostInputs) -> np.ndarray:
+    """ZeRO-2 rows whose framework reshards the weights after each backward (FSDP), so a
+    forward gathers them again (`zero2_gathers_every_micro_batch`)."""
+    return (x.zero2_gathers_every_micro_batch > 0) & (x.zero == 2)
+
+
 def _reduces_every_micro_batch(x: CostInputs) -> np.ndarray:
     """Rows whose ZeRO-0/1/2 gradient reduction runs in every micro-batch's backward: the
     framework's bit for the row's stage (`reduce_every_micro_batch`), without pipelining
@@ -379,7 +385,7 @@ def _fsdp_copies(x: CostInputs, p: StageParams, m: Col) -> Col:
     gradients accumulate in the reduction dtype until one reduction a step, which reads that
     accumulator. Every module is counted as resharding, though FSDP2 keeps its root (the
     embedding and head) gathered."""
-    resharding = (x.zero >= 3) | ((x.zero == 2) & (x.zero2_gathers_every_micro_batch > 0))
+    resharding = (x.zero >= 3) | _fsdp_zero2(x)
     piped = x.pp > 1
     gathers = np.select([piped, x.zero >= 3], [1.0, 2.0 * m], m)
     every = (x.zero >= 3) | _reduces_every_micro_batch(x)
@@ -434,7 +440,7 @@ def _data_parallel(
     forward_gathers = per_stage * np.maximum(ag_l - f_layer, 0.0) + ag_l
     # FSDP's ZeRO-2 reshards after each backward, so every micro-batch's forward gathers again;
     # a pipeline schedule keeps the weights gathered (set_reshard_after_backward(False)).
-    regathers = (x.zero2_gathers_every_micro_batch > 0) & (x.zero == 2) & (x.pp <= 1)
+    regathers = _fsdp_zero2(x) & (x.pp <= 1)
     gathers = np.where(regathers, m * forward_gathers, np.maximum(ag - window_f, 0.0))
     zero0 = reductions * np.maximum(ar - window_b, 0.0)
     zero12 = reductions * np.maximum(rs - window_b, 0.0) + gathers
