@@ -28,7 +28,7 @@ from autoconfig.frame import (
     with_predictions,
 )
 from autoconfig.resolve import read_resolved
-from autoconfig.vocab import Mlp
+from autoconfig.vocab import GIB, Mlp
 
 # Runs from before FlashAttention (Dao et al., May 2022) used Megatron's unfused softmax
 # attention; Megatron GPT models train with dropout 0.1 (Megatron-LM arguments.py defaults
@@ -79,6 +79,12 @@ SCHEDULE_DEFAULTS: dict[str, tuple[str, str, str]] = {
 # attention-only selective recompute.
 RECOMPUTE_MEANING: dict[str, dict[str, str]] = {"torchtitan": {"selective": "op"}}
 
+# The CSV's measured_peak_mem_gb is in decimal GB: its torchtitan rows convert the GiB their
+# sources publish ("peak memory 72.7 GiB" is 78.061). autoconfig counts memory in GiB
+# (vocab.GIB), so those figures are read back in GiB. The Ultra-Scale Playbook's figures are
+# nanotron's own "GB", which nanotron computes as bytes / 1024**3 (nanotron 0.4 helpers.py,
+# "Mem Alloc (GB)"): GiB already, copied as published.
+PEAK_MEMORY_IN_GIB = ("Ultra-Scale Playbook",)
 SIXTEEN_BIT = ("bf16", "fp16")
 MAIN_GPUS = ("a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-sxm-96gb", "h200-sxm-141gb")
 
@@ -141,8 +147,19 @@ def load_training_runs(path: Path | None = None) -> pd.DataFrame:
                 runs[column] = ""
             rows = (runs["source_group"] == group) & runs["model"].str.startswith(recipes)
             runs.loc[rows & (runs[column] == ""), column] = "y"
+    runs["measured_peak_mem_gb"] = peak_memory_gib(runs)
     runs["fit_set"] = runs["run_id"].map(in_fit_set)
     return runs
+
+
+def peak_memory_gib(runs: pd.DataFrame) -> pd.Series:
+    """The measured peaks in GiB, as text like the rest of the table (blank where none): the
+    CSV's decimal GB divided by 2^30 / 10^9, except for the groups that published GiB."""
+    text = runs.get("measured_peak_mem_gb", pd.Series("", index=runs.index)).astype(str)
+    value = pd.to_numeric(text, errors="coerce")
+    in_gb = ~runs["source_group"].isin(PEAK_MEMORY_IN_GIB)
+    gib = value.where(~in_gb, value * 1e9 / GIB)
+    return gib.map(lambda v: "" if pd.isna(v) else f"{v:.6g}").where(value.notna(), text)
 
 
 def measured_throughput(runs: pd.DataFrame) -> pd.Series:

@@ -185,6 +185,10 @@ def main() -> None:
                 "",
                 "## Peak memory where measured",
                 "",
+                "Absolute percentage error of the predicted peak, both in GiB: the table's "
+                "decimal GB are read back in GiB, except the Playbook's, which nanotron logs in "
+                "GiB already (`autoconfig.validation.peak_memory_gib`).",
+                "",
                 mem.round(1).to_markdown(index=False),
                 "",
                 "## How far repeated measurements of one layout disagree (no model involved)",

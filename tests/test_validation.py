@@ -11,6 +11,7 @@ from autoconfig.validation import (
     SAME_MEMORY_SETTINGS,
     constant_guess,
     dominated_failures,
+    load_training_runs,
     playbook_ranking,
     repeat_spread,
     twin_ranking,
@@ -280,3 +281,19 @@ def test_a_fixed_cost_per_micro_batch_shows_as_a_line_in_the_micro_batch_count()
     assert len(micro_batch_lines(narrow, "sweep")) == 2
     assert micro_batch_lines(narrow, "sweep", min_span=5.0).empty
     assert micro_batch_lines(narrow, "sweep", min_sizes=4).empty
+
+
+def test_published_peaks_are_read_in_gib_whatever_unit_the_table_holds(tmp_path) -> None:
+    """The table's decimal GB are read back in GiB, the unit the memory model predicts in;
+    the Playbook's figures, GiB as nanotron logs them, are kept; a blank stays blank."""
+    rows = [
+        {"run_id": "titan", "source_group": "torchtitan", "measured_peak_mem_gb": "78.061"},
+        {"run_id": "sweep", "source_group": "Ultra-Scale Playbook", "measured_peak_mem_gb": "19.5"},
+        {"run_id": "blank", "source_group": "torchtitan", "measured_peak_mem_gb": ""},
+    ]
+    cols = {"model": "llama3-8b", "recompute": ""}
+    pd.DataFrame([cols | r for r in rows]).to_csv(tmp_path / "runs.csv", index=False)
+    peaks = load_training_runs(tmp_path / "runs.csv").set_index("run_id")["measured_peak_mem_gb"]
+    assert float(peaks["titan"]) == pytest.approx(72.7, abs=0.001)  # its source's "72.7 GiB"
+    assert float(peaks["sweep"]) == 19.5
+    assert peaks["blank"] == ""
