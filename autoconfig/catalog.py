@@ -81,13 +81,14 @@ def frameworks() -> dict[str, FrameworkSpec]:
     return out
 
 
-def get_framework(name: str) -> FrameworkSpec:
-    """A framework profile by name or alias (the reference tables' spellings)."""
+def get_framework(name: str, field: str = "framework") -> FrameworkSpec:
+    """A framework profile by name or alias (the reference tables' spellings); an unknown
+    name is a UserError naming `field` and the closest names."""
     catalog = frameworks()
     key = str(name).strip().lower()
     if key not in catalog:
         names = sorted({f.name for f in catalog.values()})
-        raise UserError(f"framework: unknown name '{name}'{_closest(key, names)}")
+        raise UserError(f"{field}: unknown name '{name}'{_closest(key, names)}")
     return catalog[key]
 
 

@@ -118,6 +118,14 @@ def test_search_ranks_3d_parallelism_above_zero3_for_175b_on_a100() -> None:
     [
         (["search", "--model", "llama3-8b", "--gpus", "8", "--framework", "megatorn"], "framework"),
         (
+            ["search", "--model", "llama3-8b", "--gpus", "8", "--framework", "megatronn"],
+            "framework: unknown name 'megatronn'; closest: megatron",
+        ),
+        (
+            ["search", "--model", "llama3-8b", "--gpus", "8", "--emit", "torchtitann"],
+            "emit: unknown name 'torchtitann'; closest: torchtitan",
+        ),
+        (
             [
                 "estimate",
                 "--model",
@@ -140,6 +148,20 @@ def test_search_ranks_3d_parallelism_above_zero3_for_175b_on_a100() -> None:
 )
 def test_cli_framework_refusals_are_one_line(args: list[str], needle: str) -> None:
     assert_user_error(run_cli(*args), needle)
+
+
+def test_a_framework_flag_takes_the_aliases_its_profile_lists() -> None:
+    """`--framework titan` is torchtitan, as a batch row's `titan` is: the same estimate,
+    which differs from the default framework's."""
+    base = ["estimate", "--model", "llama3-8b", "--gpus", "8", "--zero", "3"]
+    alias, name, default = (
+        run_cli(*base, *extra)
+        for extra in (["--framework", "titan"], ["--framework", "torchtitan"], [])
+    )
+    assert alias.returncode == name.returncode == default.returncode == 0, alias.stderr
+    assert alias.stdout == name.stdout
+    assert alias.stdout != default.stdout
+    assert catalog.get_framework("titan").name == "torchtitan"
 
 
 def test_resolved_unknowns_are_what_the_framework_could_run() -> None:

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from autoconfig.cli.options import AMOUNT, COUNT, FRACTION
+from autoconfig.cli.options import AMOUNT, COUNT, FRACTION, framework_named
 from autoconfig.vocab import Framework, Precision, Recompute, ZeroStage
 
 GPU = "h100-sxm-80gb"
@@ -50,7 +50,12 @@ def gbs() -> int:
 
 
 def framework(help: str = "the framework that runs it (what it overlaps and fuses)") -> Framework:
-    return typer.Option(FRAMEWORK, help=help)
+    return typer.Option(
+        FRAMEWORK.value,
+        parser=str,
+        callback=framework_named,
+        help=f"{help} (its name, or an alias its profile lists)",
+    )
 
 
 def max_memory_gb() -> float:

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import typer
 
-from autoconfig import checks, machine
+from autoconfig import catalog, checks, machine
 from autoconfig.errors import UserError
 from autoconfig.folderlock import folder_lock
-from autoconfig.vocab import Device
+from autoconfig.vocab import Device, Framework
 
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
@@ -38,6 +38,17 @@ def checked(check: Callable[..., Any], **limits: Any) -> Callable[..., Any]:
         return check(value, flag, **limits)
 
     return callback
+
+
+def framework_named(param: typer.CallbackParam, value: str | None) -> Framework | None:
+    """A typer callback for a flag that names a framework (`--framework`, `--emit`): its name
+    or an alias its profile lists (the spellings batch rows use too), as its Framework. An
+    unknown name is one line naming the flag and the closest names. The flag reads plain text
+    (`parser=str`), so that aliases reach this callback."""
+    if value is None:
+        return None
+    flag = param.opts[0].lstrip("-") if param.opts else str(param.name)
+    return Framework(catalog.get_framework(str(value), field=flag).name)
 
 
 COUNT = checked(checks.integer)  # a positive integer up to checks.MAX_COUNT

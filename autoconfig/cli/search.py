@@ -22,6 +22,7 @@ from autoconfig.cli.options import (
     OUT_FOLDER,
     SEED,
     claimed,
+    framework_named,
     measure_options,
     on_cpu,
 )
@@ -77,7 +78,12 @@ def search(
         "the framework that will run it: its layouts, overlaps and fused kernels "
         "(the --emit framework when only --emit is given)"
     ),
-    emit: Framework = typer.Option(None, help="print the best as that framework's settings"),
+    emit: Framework = typer.Option(
+        None,
+        parser=str,
+        callback=framework_named,
+        help="print the best as that framework's settings (its name, or an alias)",
+    ),
     measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
     trials: int = typer.Option(
         8, help="finished trials to run", rich_help_panel=MEASURE, callback=COUNT
