@@ -157,9 +157,9 @@ def peak_memory_gib(runs: pd.DataFrame) -> pd.Series:
     CSV's decimal GB divided by 2^30 / 10^9, except for the groups that published GiB."""
     text = runs.get("measured_peak_mem_gb", pd.Series("", index=runs.index)).astype(str)
     value = pd.to_numeric(text, errors="coerce")
-    in_gb = ~runs["source_group"].isin(PEAK_MEMORY_IN_GIB)
-    gib = value.where(~in_gb, value * 1e9 / GIB)
-    return gib.map(lambda v: "" if pd.isna(v) else f"{v:.6g}").where(value.notna(), text)
+    published_gib = runs["source_group"].isin(PEAK_MEMORY_IN_GIB)
+    gib = value.where(published_gib, value * 1e9 / GIB)
+    return gib.map("{:.6g}".format).where(value.notna(), text)
 
 
 def measured_throughput(runs: pd.DataFrame) -> pd.Series:

@@ -25,6 +25,11 @@ MEASURE = "measured search (--measure)"
 SERVE = "budget"
 
 
+def flag_name(param: typer.CallbackParam) -> str:
+    """The flag a callback checks, as errors name it ('gpus' for --gpus)."""
+    return param.opts[0].lstrip("-") if param.opts else str(param.name)
+
+
 def checked(check: Callable[..., Any], **limits: Any) -> Callable[..., Any]:
     """A typer callback that runs a flag's value through `check` (autoconfig.checks), so a bad
     value is one line naming the flag, before the command does anything."""
@@ -32,7 +37,7 @@ def checked(check: Callable[..., Any], **limits: Any) -> Callable[..., Any]:
     def callback(param: typer.CallbackParam, value: Any) -> Any:
         if value is None:
             return None
-        flag = param.opts[0].lstrip("-") if param.opts else str(param.name)
+        flag = flag_name(param)
         if isinstance(value, list | tuple):
             return [check(v, flag, **limits) for v in value]
         return check(value, flag, **limits)
@@ -47,8 +52,7 @@ def framework_named(param: typer.CallbackParam, value: str | None) -> Framework 
     (`parser=str`), so that aliases reach this callback."""
     if value is None:
         return None
-    flag = param.opts[0].lstrip("-") if param.opts else str(param.name)
-    return Framework(catalog.get_framework(str(value), field=flag).name)
+    return Framework(catalog.get_framework(str(value), field=flag_name(param)).name)
 
 
 COUNT = checked(checks.integer)  # a positive integer up to checks.MAX_COUNT

@@ -153,8 +153,7 @@ def search(
     if emit is not None and defaults.defaulted(ctx, "framework"):
         framework = emit
     catalog.get_model(model)  # an unknown name is one line before any work starts
-    catalog.get_gpu(gpu)
-    catalog.get_framework(framework.value)
+    catalog.get_gpu(gpu)  # the framework was resolved by its flag's callback
     opts = measure_options(locals(), cpu) if measure else None
     if opts is not None:
         _check_measure(opts)  # before the search: a bad trial option costs nothing
