@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import pandas as pd
 
-from autoconfig import catalog, layout
+from autoconfig import catalog, kernel_index, layout
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.specs import ClusterSpec, GPUSpec, InferenceEfficiency, ModelSpec
 from autoconfig.vocab import KvPrecision, Position, Precision, ServePrecision
@@ -184,6 +184,7 @@ def hardware_columns(hw: Hardware) -> dict[str, float]:
         "intra_bytes_s": hw.cluster.intra_node_gb_s * 1e9,
         "inter_bytes_s": hw.cluster.inter_node_gb_s * 1e9,
         "gemm_bytes": GEMM_BYTES.get(precision, 2.0),
+        "kernel_chip": float(kernel_index.table_code(gpu)),
     }
 
 
@@ -234,6 +235,7 @@ def training_inputs(
         **behaviour.columns(),
         "gbs": np.asarray(gbs, float),
         "seq": np.asarray(seq_len, float),
+        "kernels": kernel_index.kernel_set(),
     }
     return CostInputs.from_columns(cols)
 

@@ -22,15 +22,37 @@ from autoconfig.fit import (
     TIME_PARAMS,
     fit_time,
     gemm_class,
-    measured_bounds,
     with_params,
 )
 from autoconfig.frame import TrainingRows
 from autoconfig.resolve import read_resolved
 from autoconfig.specs import Efficiency
+from autoconfig.training import spread
 from autoconfig.validation import THROUGHPUT_APART, error_stats, measured_throughput
 
 FALLBACK_CHIP = "h100"  # what a family without fitted runs takes (scripts/fit_profiles.py)
+
+
+# The time constants the measured kernel tables leave to a fit: overheads with units (a
+# kernel launch, a collective's latency step, a step's fixed work) and the share of each
+# link's bandwidth a collective reaches, one value for every chip (no per-family scale).
+# GEMM and attention rates come from each chip's measured kernels (cost.kernel_time); their
+# efficiency constants stay only for a chip without tables.
+SHARED_CONSTANTS = (
+    "memory",
+    "kernel_us",
+    "intra_node_bus",
+    "inter_node_bus",
+    "intra_node_latency_us",
+    "inter_node_latency_us",
+    "step_overhead_ms",
+)
+KERNEL_CONSTANTS = ("gemm", "gemm_fp8", "gemm_fp4", "attention")
+SHARED = "every chip"  # the label the shared fit is made under
+# Memory-bound kernels measured on one H100: single-pass copies, casts and adds at 0.69-0.90
+# of HBM bandwidth (docs/measured/h100_kernels.json: device copy 3.00 TB/s, bf16 cast 2.72,
+# residual add 2.32, of 3.35); the same HBM controllers' share is taken for every chip.
+MEASURED_RANGES = {"memory": (0.69, 0.90)}
 
 
 def fit_time_constants(
@@ -38,9 +60,10 @@ def fit_time_constants(
 ) -> tuple[dict[str, dict[str, float]], float, dict[str, int]]:
     """The time constants by chip fitted on `runs`' completed rows with a measured throughput,
     each source group weighted once and the groups in THROUGHPUT_APART left out, from `start`
-    (the shipped constants when None), each inside the ranges its chip's kernels were measured
-    at (`fit.measured_bounds`); with the robust cost and the rows each chip was fitted on (those
-    that weigh in the fit)."""
+    (the shipped constants when None): SHARED_CONSTANTS one value for all chips, inside
+    their physical and measured ranges (fit.TIME_PARAMS, MEASURED_RANGES); a chip's kernel
+    efficiency constants (used only where it has no measured tables) as `start` has them.
+    With the robust cost and the rows each chip has in the fit (those that weigh in it)."""
     fit = runs[runs["status"] == "ok"].reset_index(drop=True)
     measured = measured_throughput(fit)
     if start is None:
@@ -53,14 +76,25 @@ def fit_time_constants(
     values = measured.where(usable).to_numpy(float)
     constants, cost = fit_time(
         rows.inputs(),
-        chips,
+        np.where(chips != "", SHARED, ""),
         values,
-        start,
+        {SHARED: start[FALLBACK_CHIP]},
+        only=SHARED_CONSTANTS,
+        bounds=MEASURED_RANGES,
         weights=weights,
-        chip_bounds=measured_bounds(catalog.gpus().values()),
     )
-    counts = {c: int((chips[usable.to_numpy()] == c).sum()) for c in constants}
-    return constants, cost, counts
+    shared = constants.get(SHARED, {})
+    fitted_chips = sorted(set(chips[usable.to_numpy()]) - {""})
+    out = {chip: {**_kernel_constants(start[chip]), **shared} for chip in fitted_chips}
+    counts = {c: int((chips[usable.to_numpy()] == c).sum()) for c in out}
+    return out, cost, counts
+
+
+def _kernel_constants(efficiency: Efficiency) -> dict[str, float]:
+    """A chip's GEMM and attention efficiency constants that it states (its fallback where it
+    has no measured kernel tables)."""
+    stated = {name: getattr(efficiency, name) for name in KERNEL_CONSTANTS}
+    return {name: value for name, value in stated.items() if value is not None}
 
 
 def neutral_start() -> dict[str, Efficiency]:
@@ -120,8 +154,11 @@ def leave_group_out(runs: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
     """For each group in `groups`: the time constants refitted on the other groups' rows of
     the calibration third (from `neutral_start`), and this group's completed, measured rows
     predicted with them. One row per measured run: its group, GPU family, whether some other
-    group's calibration rows fitted that family (else it took FALLBACK_CHIP's constants) and
-    the absolute percentage error (NaN where the model refuses the row)."""
+    group's calibration rows fitted that family (else it took FALLBACK_CHIP's constants), the
+    absolute percentage error and the signed `log_ratio` log(pred/measured) (NaN where the
+    model refuses the row); and what places the row in an error regime (training.spread): its
+    resolved tp, cp, pp, dp, zero, GPUs per node, predicted peak memory and capacity (memory
+    needs no time constant, so the shipped ones give it), with one boolean per regime."""
     measured = measured_throughput(runs)
     parts = []
     for group in groups:
@@ -129,17 +166,45 @@ def leave_group_out(runs: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
         constants, _, _ = fit_time_constants(train, neutral_start())
         test = runs[(runs["source_group"] == group) & (runs["status"] == "ok") & measured.notna()]
         pred, chips = predict_with(test, constants)
+        ratio = (pred / measured[test.index]).to_numpy(float)
+        with np.errstate(all="ignore"):
+            log_ratio = np.log(ratio)
         parts.append(
-            pd.DataFrame(
-                {
-                    "source_group": group,
-                    "chip": chips,
-                    "chip_fitted": [c in constants for c in chips],
-                    "ape": (pred / measured[test.index] - 1).abs().to_numpy(),
-                }
+            pd.concat(
+                [
+                    pd.DataFrame(
+                        {
+                            "source_group": group,
+                            "chip": chips,
+                            "chip_fitted": [c in constants for c in chips],
+                            "ape": np.abs(ratio - 1),
+                            "log_ratio": log_ratio,
+                        }
+                    ),
+                    _regime_columns(test),
+                ],
+                axis=1,
             )
         )
     return pd.concat(parts, ignore_index=True)
+
+
+def _regime_columns(test: pd.DataFrame) -> pd.DataFrame:
+    """The layout and memory columns spread.regimes reads, for `test`'s rows as resolved, and
+    the regime flags themselves."""
+    rows, _ = read_resolved(test.reset_index(drop=True))
+    x = rows.inputs()
+    n = len(test)
+    with np.errstate(all="ignore"):
+        mem = evaluate(x)
+    cols = {
+        name: np.broadcast_to(np.asarray(getattr(x, name), float), n)
+        for name in ("tp", "cp", "pp", "dp", "zero", "gpus_per_node")
+    }
+    for name in ("pred_peak_mem_gb", "mem_capacity_gb"):
+        cols[name] = np.broadcast_to(np.asarray(mem[name], float), n)
+    frame = pd.DataFrame(cols)
+    return pd.concat([frame, spread.regimes(frame, frame["gpus_per_node"])], axis=1)
 
 
 def left_out_table(left_out: pd.DataFrame) -> pd.DataFrame:

@@ -357,6 +357,18 @@ class GPUSpec(_Spec):
         description="efficiency constants measured on this GPU's kernels: the published-run "
         "fit keeps the family's constant inside each range",
     )
+    kernel_table: str = Field(
+        default="",
+        pattern=r"^[a-z0-9_]*$",
+        description="the measured kernel tables (a folder of profiles/kernels/) that time this "
+        "GPU's GEMMs and attention, at their efficiency times this GPU's own peak; '' for none "
+        "(the efficiency constants time them)",
+    )
+    kernel_table_stand_in: str = Field(
+        default="",
+        description="why another GPU's tables stand in for this one's, with the datasheet "
+        "ratios that differ; '' where the tables were measured on this GPU",
+    )
 
     @field_validator("measured_efficiency")
     @classmethod

@@ -21,7 +21,12 @@ import yaml
 from autoconfig import resources
 from autoconfig.fit import fit_memory
 from autoconfig.frame import read_training_rows
-from autoconfig.leave_out import FALLBACK_CHIP, fit_time_constants
+from autoconfig.leave_out import (
+    FALLBACK_CHIP,
+    SHARED_CONSTANTS,
+    fit_time_constants,
+    neutral_start,
+)
 from autoconfig.validation import THROUGHPUT_APART, load_training_runs, measured_throughput
 
 
@@ -34,7 +39,9 @@ def fitted() -> dict:
     measured = measured_throughput(fit)
     # Each source group counts once, whatever its size; the Playbook sweep, whose own repeats
     # disagree by more than 1.5x, is left to the memory fit and the ranking checks.
-    constants, cost, rows_by_chip = fit_time_constants(fit)
+    # From the middle of every range, as each left-out refit starts (validate_left_out.py), so
+    # the shipped constants are the ones that procedure gives with every group in.
+    constants, cost, rows_by_chip = fit_time_constants(fit, neutral_start())
     mem_gb = pd.to_numeric(fit_all["measured_peak_mem_gb"], errors="coerce")
     all_rows = read_training_rows(fit_all)
     overhead, reserved = fit_memory(
@@ -67,16 +74,21 @@ def write_profiles(fit: dict) -> None:
             continue
         source_chip = chip if chip in constants else FALLBACK_CHIP
         eff = data["efficiency"]
-        eff.update({k: round(v, 5) for k, v in constants[source_chip].items()})
+        # Only the shared constants: a profile's GEMM and attention efficiencies time its GPU
+        # only where it names no kernel tables, and stay as they were fitted for that.
+        shared = constants[source_chip]
+        eff.update({k: round(v, 5) for k, v in shared.items() if k in SHARED_CONSTANTS})
         eff["memory_overhead"] = round(fit["memory_overhead"], 5)
         eff["memory_reserved_gb"] = round(fit["memory_reserved_gb"], 4)
+        rows = sum(fit["rows_by_chip"].values())
         how = (
-            f"fitted by scripts/fit_profiles.py on {fit['rows_by_chip'][source_chip]} published "
-            f"{source_chip} runs (the sha256(run_id) % 3 == 0 third of "
-            "../shared/reference/training_runs.csv, each source group weighted once)"
+            f"{', '.join(SHARED_CONSTANTS)}: one value for every chip, fitted by "
+            f"scripts/fit_profiles.py on {rows} published runs of "
+            f"{', '.join(sorted(fit['rows_by_chip']))} (the sha256(run_id) % 3 == 0 third of "
+            "../shared/reference/training_runs.csv, each source group weighted once); GEMMs, "
+            "flash attention and NVLink collectives are timed by the measured kernel tables "
+            "the profile names (kernel_table), and gemm/attention here only where it names none"
         )
-        if source_chip != chip:
-            how = f"copied from the {source_chip} fit: no published {chip} runs to fit on; " + how
         eff["provenance"] = how + (
             f"; memory constants from {fit['peak_rows']} measured peaks and the fits/does-not-fit "
             f"status of {fit['status_rows']} runs"

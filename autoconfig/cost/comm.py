@@ -18,15 +18,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoconfig.cost import kernel_time
 from autoconfig.cost.inputs import Col, CostInputs
 
 
 @dataclass(frozen=True)
 class Link:
-    """Effective bus bandwidth (bytes/s) and per-step latency (s) of one group."""
+    """Effective bus bandwidth (bytes/s) and per-step latency (s) of one group, and where the
+    group sits inside one NVLink domain of a chip with measured NCCL times, those."""
 
     bandwidth: Col
     latency: Col
+    # 1 where the group stays inside the NVLink domain (its collectives are looked up in the
+    # chip's measured NCCL table, `x`'s); None where no table applies
+    intra: Col | None = None
+    x: CostInputs | None = None
 
 
 def group_link(x: CostInputs, size: Col, stride: Col) -> Link:
@@ -35,24 +41,50 @@ def group_link(x: CostInputs, size: Col, stride: Col) -> Link:
     nvlink = x.intra_bytes_s * x.eff_intra
     per_node = np.clip(np.floor(x.gpus_per_node / stride), 1.0, size)
     network = np.minimum(nvlink, per_node * x.inter_bytes_s * x.eff_inter)
-    return Link(np.where(intra, nvlink, network), np.where(intra, x.lat_intra_s, x.lat_inter_s))
+    return Link(
+        np.where(intra, nvlink, network),
+        np.where(intra, x.lat_intra_s, x.lat_inter_s),
+        intra if x.kernels else None,
+        x,
+    )
+
+
+def _measured(op: str, nbytes: Col, size: Col, link: Link, modelled: Col) -> Col:
+    """`modelled`, or inside an NVLink domain the chip's measured NCCL time for `op` (NCCL's
+    own choice of ring or tree, protocol and channels at that size, nccl-tests' whole-buffer
+    convention)."""
+    if link.intra is None or link.x is None or not np.any(link.intra):
+        return modelled
+    x = link.x
+    measured = kernel_time.collective_time(x.kernels, x.kernel_chip, op, size, nbytes)
+    if measured is None:
+        return modelled
+    use = np.asarray(link.intra) & np.isfinite(measured) & (np.asarray(size) > 1)
+    return np.where(use, measured, modelled)
 
 
 def all_reduce(nbytes: Col, size: Col, link: Link) -> Col:
     """Ring bandwidth; latency of the better of a ring (2(n-1) steps) and NCCL's double
-    binary tree (2 log2 n steps), as NCCL picks per size."""
+    binary tree (2 log2 n steps), as NCCL picks per size. Measured inside an NVLink domain."""
     steps = 2.0 * (size - 1.0)
     latency = np.minimum(steps, 2.0 * np.log2(np.maximum(size, 1.0))) * link.latency
-    return np.where(size > 1, steps / size * nbytes / link.bandwidth + latency, 0.0)
+    modelled = np.where(size > 1, steps / size * nbytes / link.bandwidth + latency, 0.0)
+    return _measured("all_reduce", nbytes, size, link, modelled)
 
 
-def all_gather(nbytes: Col, size: Col, link: Link) -> Col:
-    """All-gather (or reduce-scatter) producing/consuming a full buffer of `nbytes`."""
+def _ring_pass(nbytes: Col, size: Col, link: Link) -> Col:
     steps = size - 1.0
     return np.where(size > 1, steps / size * nbytes / link.bandwidth + steps * link.latency, 0.0)
 
 
-reduce_scatter = all_gather
+def all_gather(nbytes: Col, size: Col, link: Link) -> Col:
+    """All-gather producing a full buffer of `nbytes` (measured inside an NVLink domain)."""
+    return _measured("all_gather", nbytes, size, link, _ring_pass(nbytes, size, link))
+
+
+def reduce_scatter(nbytes: Col, size: Col, link: Link) -> Col:
+    """Reduce-scatter consuming a full buffer of `nbytes` (measured inside an NVLink domain)."""
+    return _measured("reduce_scatter", nbytes, size, link, _ring_pass(nbytes, size, link))
 
 
 def expert_dispatch(x: CostInputs, copy_bytes: Col, copies: Col, size: Col, stride: Col) -> Col:

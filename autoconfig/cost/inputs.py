@@ -9,12 +9,13 @@ hold the codes of autoconfig.vocab.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
 
+from autoconfig.cost.kernel_time import NO_KERNELS, KernelSet
 from autoconfig.vocab import Mlp, Recompute
 
 Col = np.ndarray
@@ -153,6 +154,11 @@ class CostInputs:
     # 1 where FSDP's gathers and reduce-scatters copy on the compute stream (columns.Behaviour).
     fsdp_copies: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
+    # Index of the row's chip in `kernels` (its measured GEMM and attention tables); -1 where
+    # the chip has none and the profile's efficiency constants time those ops.
+    kernel_chip: Col
+    # The measured kernel tables the `kernel_chip` codes index (not a column: shared by rows).
+    kernels: KernelSet = field(default=NO_KERNELS, metadata={"column": False})
 
     @cached_property
     def cost_split_stages(self) -> CostSplit:
@@ -162,16 +168,16 @@ class CostInputs:
 
     @property
     def n(self) -> int:
-        shapes = [np.shape(getattr(self, f.name)) for f in fields(self)]
+        shapes = [np.shape(getattr(self, f.name)) for f in column_fields()]
         return int(np.prod(np.broadcast_shapes(*shapes)))
 
     def take(self, rows: np.ndarray) -> CostInputs:
         """The inputs of the given rows (scalar columns stay scalars)."""
-        values = {}
-        for f in fields(self):
+        values: dict[str, object] = {"kernels": self.kernels}
+        for f in column_fields():
             col = getattr(self, f.name)
             values[f.name] = col if np.ndim(col) == 0 else np.broadcast_to(col, (self.n,))[rows]
-        return CostInputs(**values)
+        return CostInputs(**values)  # type: ignore[arg-type]
 
     @classmethod
     def from_columns(cls, cols: Mapping[str, object]) -> CostInputs:
@@ -179,12 +185,17 @@ class CostInputs:
         except the framework-behaviour flags, which default to Megatron-LM's
         (OPTIONAL_COLUMNS)."""
         cols = {**OPTIONAL_COLUMNS, **cols}
-        values = {}
-        for f in fields(cls):
+        values: dict[str, object] = {"kernels": cols.get("kernels", NO_KERNELS)}
+        for f in column_fields():
             if f.name not in cols:
                 raise KeyError(f"cost input column '{f.name}' is missing")
             values[f.name] = np.asarray(cols[f.name], dtype=DTYPE)
-        return cls(**values)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def column_fields() -> tuple[Field, ...]:
+    """The CostInputs fields that are columns (all but the shared kernel tables)."""
+    return tuple(f for f in fields(CostInputs) if f.metadata.get("column", True))
 
 
 # Framework-behaviour flags and their Megatron-LM values (overlapped gradient reduction,
@@ -216,6 +227,7 @@ OPTIONAL_COLUMNS = {
     "pipeline_reduce_after_backward": 0.0,
     "fsdp_copies": 0.0,
     "etp": 1.0,
+    "kernel_chip": -1.0,
 }
 
 

@@ -54,6 +54,10 @@ class Op:
     bwd_factor: float = 2.0  # backward FLOPs / forward FLOPs
     routed: bool = False  # routed-expert weights: a step reads only the experts it routes to
     params: Col | float = ZERO  # parameters outside GEMM weights on one rank (norm scales, ...)
+    # A GEMM that 8- and 4-bit recipes leave in 16 bits (the LM head: Megatron's output layer
+    # is a plain ColumnParallelLinear outside Transformer Engine's fp8 autocast, and
+    # torchtitan's float8 conversion filters out its "output" module).
+    sixteen_bit: bool = False
 
     @property
     def present(self) -> np.ndarray:
@@ -551,6 +555,7 @@ def head_ops(x: CostInputs) -> list[Op]:
             gemm_k=h,
             gemm_n=v / t,
             weight_bytes=2.0 * h * v / t,
+            sixteen_bit=True,
         ),
         Op("cross_entropy", "memory", saved=4.0 * v / t, moved=12.0 * v / t, kernels=3.0),
     ]

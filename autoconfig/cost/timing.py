@@ -39,11 +39,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoconfig.cost import comm
+from autoconfig.cost import comm, kernel_time
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
@@ -87,8 +87,20 @@ def wave_utilization(tokens: Col, n: Col, sms: Col) -> Col:
 
 def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
     """Forward GPU time of one op over `tokens` tokens on one rank."""
+    return _op_times(x, op, tokens)[0]
+
+
+def _op_times(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col]:
+    """Forward and backward GPU time of one op over `tokens` tokens on one rank: GEMMs and
+    flash attention from the chip's measured kernels where it has tables, else from the
+    profile's efficiency constants (backward `bwd_factor` times the forward)."""
     bandwidth = x.hbm_bytes_s * x.eff_memory
+    if op.kind == "gemm" and op.sixteen_bit and np.any(np.asarray(x.gemm_bytes) < 2.0):
+        x = replace(x, gemm_bytes=np.float32(2.0), peak_flops=x.peak_bf16_flops)
     if op.kind == "gemm":
+        measured = _measured_gemm(x, op, tokens)
+        if measured is not None:
+            return measured
         # A GEMM the layer lacks (a dense model's expert, router or latent GEMM keeps its
         # shape but has no FLOPs) moves nothing either (`Op.activation_width`). Charging its
         # traffic, which tensor parallelism does not split, would make wide-TP layouts look
@@ -100,15 +112,103 @@ def _op_time(x: CostInputs, op: Op, tokens: Col) -> Col:
         # are left to the fitted efficiency.
         if not op.routed:
             compute = compute / wave_utilization(tokens, op.tile_width, x.sms)
-        # Sub-16-bit GEMMs read 16-bit activations once more to quantize them.
-        cast = np.where(x.gemm_bytes < 2.0, 2.0 + x.gemm_bytes, 0.0) * tokens * op.gemm_k
-        cast = cast * op.present
-        return np.maximum(compute, traffic / bandwidth) + cast / bandwidth
+        gemm = np.maximum(compute, traffic / bandwidth)
+        cast_f, cast_b = _quantize_passes(x, op, tokens)
+        return gemm + cast_f, op.bwd_factor * gemm + cast_b
     if op.kind == "attention":
         causal = np.where(x.flash > 0, 0.5, 1.0)
+        flops = op.flops * tokens * causal
         eff = np.where(x.flash > 0, x.eff_attention, x.eff_gemm)
-        return op.flops * tokens * causal / (x.peak_bf16_flops * eff)
-    return op.moved * tokens / bandwidth
+        fwd = flops / (x.peak_bf16_flops * eff)
+        if op.name == "attention":
+            measured = _measured_attention(x, flops)
+            if measured is not None:
+                return measured
+        return fwd, op.bwd_factor * fwd
+    fwd = op.moved * tokens / bandwidth
+    return fwd, op.bwd_factor * fwd
+
+
+def _quantize_passes(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col]:
+    """The memory-bound passes that quantize a sub-16-bit GEMM's 16-bit operands, forward and
+    backward. Transformer Engine's fp8, MXFP8 and NVFP4 recipes read the input in 16 bits and
+    write it twice in the GEMM format: the row-wise copy the forward GEMM reads and the
+    transposed (column-wise scaled) copy the weight-gradient GEMM reads (its cast_transpose
+    on Hopper, both quantization directions on Blackwell); backward does the same for the
+    output gradient, which the input- and weight-gradient GEMMs read. The elements come from
+    the op's FLOPs (2 k n per row: its rows times k in, times n out), so shares and routed
+    copies count as the GEMM does. The weights' quantization, once a step where the
+    framework caches it over micro-batches, is not charged."""
+    per_element = np.where(x.gemm_bytes < 2.0, 2.0 + 2.0 * x.gemm_bytes, 0.0)
+    flops = op.flops * tokens * per_element / (x.hbm_bytes_s * x.eff_memory)
+    inputs = flops / (2.0 * np.maximum(op.gemm_n, 1.0))
+    output_grads = flops / (2.0 * np.maximum(op.gemm_k, 1.0))
+    return inputs, output_grads
+
+
+def gemm_tokens(x: CostInputs, op: Op, tokens: Col) -> Col:
+    """Rows of the GEMM an op runs: the micro-batch's tokens, or for a routed expert the
+    tokens one expert receives: a rank's 1/tp share of them, top-k copies each, spread over
+    the experts and gathered from the ep ranks (and the etp group) that hold it."""
+    if not op.routed:
+        return tokens
+    per_expert = tokens * x.topk * x.ep * x.etp / (x.tp * np.maximum(x.experts, 1.0))
+    return np.maximum(per_expert, 1.0)
+
+
+def _measured_gemm(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col] | None:
+    """A GEMM's forward and backward from the chip's measured GEMM table: forward m x k by
+    k x n, backward's input gradient m x n by n x k and weight gradient k x m by m x n, each
+    looked up at its own shape (m tokens, k the reduction and n the output width per rank, the
+    fused kernel's width where the GEMM runs inside one). The table's achieved rate at the
+    fused kernel's shape applies to this GEMM's share of its FLOPs. None where no row has a
+    table; rows without one (NaN) take the efficiency constants."""
+    if not x.kernels:
+        return None
+    m = gemm_tokens(x, op, tokens)
+    n, k = op.tile_width, np.maximum(op.gemm_k, 1.0)
+    codes, nbytes = x.kernel_chip, x.gemm_bytes
+    forward = kernel_time.gemm_efficiency(x.kernels, codes, nbytes, m, n, k)
+    if forward is None:
+        return None
+    dgrad = kernel_time.gemm_efficiency(x.kernels, codes, nbytes, m, k, n)
+    wgrad = kernel_time.gemm_efficiency(x.kernels, codes, nbytes, k, n, m)
+    flops = op.flops * tokens
+    peak = x.peak_flops
+    cast_f, cast_b = _quantize_passes(x, op, tokens)
+    fwd = flops / (peak * forward) + cast_f
+    bwd = flops / (peak * dgrad) + flops / (peak * wgrad) + cast_b
+    fallback_f, fallback_b = _fallback_gemm(x, op, tokens)
+    return (
+        np.where(np.isnan(fwd), fallback_f, np.where(op.present, fwd, 0.0)),
+        np.where(np.isnan(bwd), fallback_b, np.where(op.present, bwd, 0.0)),
+    )
+
+
+def _fallback_gemm(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col]:
+    """A GEMM timed by the profile's efficiency constants (rows whose chip has no table)."""
+    if not np.any(np.asarray(x.kernel_chip) < 0):
+        return np.float64(np.nan), np.float64(np.nan)
+    return _op_times(replace(x, kernels=kernel_time.NO_KERNELS), op, tokens)
+
+
+def _measured_attention(x: CostInputs, flops: Col) -> tuple[Col, Col] | None:
+    """Causal flash attention from the chip's measured forward kernels: its micro-batch's
+    sequences times the rank's heads run in parallel over seq/cp queries each (ring attention
+    works on cp blocks); backward ATTENTION_BACKWARD_OVER_FORWARD times the forward."""
+    head_dim = x.head_dim + np.where(x.kv_lora > 0, x.rope_dim, 0.0)
+    pairs = x.mbs * x.heads / x.tp
+    eff = kernel_time.attention_efficiency(
+        x.kernels, x.kernel_chip, head_dim, x.seq / x.cp, pairs
+    )
+    if eff is None:
+        return None
+    fwd = flops / (x.peak_bf16_flops * eff)
+    measured = (x.flash > 0) & np.isfinite(fwd)
+    fallback = flops / (x.peak_bf16_flops * np.where(x.flash > 0, x.eff_attention, x.eff_gemm))
+    fwd = np.where(measured, fwd, fallback)
+    bwd = np.where(measured, kernel_time.ATTENTION_BACKWARD_OVER_FORWARD, 2.5) * fwd
+    return fwd, bwd
 
 
 def kernel_count(ops: list[Op]) -> Col:
@@ -123,9 +223,9 @@ def kernel_count(ops: list[Op]) -> Col:
 def _fwd_bwd(x: CostInputs, ops: list[Op], tokens: Col) -> tuple[Col, Col]:
     fwd = bwd = 0.0
     for op in ops:
-        t = _op_time(x, op, tokens)
-        fwd = fwd + t
-        bwd = bwd + op.bwd_factor * t
+        f, b = _op_times(x, op, tokens)
+        fwd = fwd + f
+        bwd = bwd + b
     return np.asarray(fwd), np.asarray(bwd)
 
 
@@ -244,10 +344,10 @@ def step_time(
     kv_bytes = 2.0 * tokens * kv_out / x.tp
     hop = comm.p2p(kv_bytes, comm.cp_link(x))
     attn_op = next(op for op in ops if op.kind == "attention")
-    attn_f = _op_time(x, attn_op, tokens)
+    attn_f, attn_b = _op_times(x, attn_op, tokens)
     blocks = np.maximum(x.cp, 1.0)
     cp_f = (x.cp - 1.0) * np.maximum(hop - attn_f / blocks, 0.0)
-    cp_b = (x.cp - 1.0) * np.maximum(2.0 * hop - 2.5 * attn_f / blocks, 0.0)
+    cp_b = (x.cp - 1.0) * np.maximum(2.0 * hop - attn_b / blocks, 0.0)
     cp_per_mb = np.where(x.cp > 1, per_stage * x.attn_share * (cp_f + cp_b), 0.0)
 
     # Expert parallel: dispatch + combine in forward and backward for every MoE layer. A rank

@@ -1,0 +1,141 @@
+"""Kernel times looked up in measured tables, each candidate on its own chip's table.
+
+A candidate's GEMM, flash-attention and NCCL times come from the kernels measured on its chip
+(`kernel_tables.KernelTables`, distilled by scripts/distill_kernel_tables.py) instead of a
+peak times one fitted efficiency. A table gives the achieved TFLOP/s of a shape; divided by
+the datasheet peak of the chip it was measured on it is that shape's efficiency, which times
+the candidate's own GPU peak gives its rate. So a GPU without a table of its own (an H100 with
+96 GB, an A100 with 40 GB) runs at its stand-in chip's efficiencies and its own datasheet
+peak. Rows whose chip has no table (`kernel_chip` < 0) return None here and keep the
+profile's efficiency constants.
+
+Rows are grouped by chip and GEMM format, so a search over one GPU (scalar columns) makes one
+table look-up per op, however many layouts it evaluates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoconfig.cost.kernel_tables import KernelTables, collective_seconds, grid_lookup
+
+Col = np.ndarray
+
+# Flash attention's backward over its forward, in time, on the same shape: 2.68-3.35 on one
+# H100 (torch SDPA's flash kernels, causal, head_dim 128, 4 shapes on two machine starts:
+# docs/measured/h100_kernels.json, h100_kernels_first_run.json), median 3.1. FlashAttention-2
+# counts 2.5x the forward's FLOPs for backward (Dao 2023, Sec. 3.1.2) and runs them slower.
+ATTENTION_BACKWARD_OVER_FORWARD = 3.1
+
+# The same kernels as a training step runs them, over the tables' rates at the same shapes,
+# measured on one H100 by scripts/bench_gpu_kernels.py (torch's cuBLAS GEMMs and SDPA's flash
+# kernels, inputs rotated over three sets so no operand stays in L2 from the repeat before:
+# docs/measured/h100_kernels.json, h100_kernels_first_run.json; tests/test_kernel_crosscheck.py):
+# - bf16 GEMMs, 36 forward, input- and weight-gradient shapes: medians 0.90 and 0.85 on two
+#   machine starts (0.66-1.01 by shape); the tables' engines time a GEMM repeated on the same
+#   operands;
+# - fp8 GEMMs, 3 forward shapes on one start: median 0.99 (0.94-1.10), taken for every 8- and
+#   4-bit format;
+# - causal flash attention forward, 4 shapes: medians 1.11 and 1.09 (0.87-1.26).
+# Taken for every chip: no other chip was measured both ways.
+TRAINING_OVER_TABLE = {"bf16": 0.875, "fp8": 0.99, "attention": 1.10}
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """Measured tables by chip code (`CostInputs.kernel_chip` indexes `tables`) with the
+    datasheet dense peak, TFLOP/s by table format, of the chip each was measured on."""
+
+    tables: tuple[KernelTables, ...] = ()
+    peaks: tuple[dict[str, float], ...] = field(default=())
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+
+NO_KERNELS = KernelSet()
+
+
+def gemm_format(gemm_bytes: float, available: dict) -> str:
+    """The table format a GEMM of `gemm_bytes` per operand element runs in: 16-bit, per-tensor
+    fp8, block-scaled fp8 (mxfp8: 1 + 1/32 bytes) or nvfp4, falling back to the nearest wider
+    format the chip's table has (its efficiency then applies to the candidate's own peak)."""
+    if gemm_bytes >= 2.0:
+        wanted = ["bf16"]
+    elif gemm_bytes > 1.0:
+        wanted = ["fp8_block", "fp8", "bf16"]
+    elif gemm_bytes >= 1.0:
+        wanted = ["fp8", "fp8_block", "bf16"]
+    else:
+        wanted = ["nvfp4", "fp8_block", "fp8", "bf16"]
+    return next((f for f in wanted if f in available), "bf16")
+
+
+def _per_chip(
+    kernels: KernelSet,
+    codes: Col,
+    keys: Col,
+    coords: tuple[Col, ...],
+    rate: Callable[[int, float, tuple[Col, ...]], Col],
+) -> Col | None:
+    """`rate(code, key, coords)` for each (chip code, key) group of rows, as one column; None
+    where no row has a table. Scalar codes and keys make one call on the whole columns."""
+    # A code with no table in `kernels` (inputs built without the shipped set) has none.
+    codes = np.where(np.asarray(codes) < len(kernels.tables), codes, -1.0)
+    if not np.any(codes >= 0):
+        return None
+    if np.ndim(codes) == 0 and np.ndim(keys) == 0:
+        return rate(int(codes), float(keys), coords)
+    n = int(np.prod(np.broadcast_shapes(np.shape(codes), np.shape(keys), *map(np.shape, coords))))
+    codes_n = np.broadcast_to(codes, (n,))
+    keys_n = np.broadcast_to(keys, (n,))
+    full = [np.broadcast_to(c, (n,)) for c in coords]
+    out = np.full(n, np.nan)
+    for code in np.unique(codes_n[codes_n >= 0]):
+        for key in np.unique(keys_n[codes_n == code]):
+            rows = (codes_n == code) & (keys_n == key)
+            out[rows] = rate(int(code), float(key), tuple(c[rows] for c in full))
+    return out
+
+
+def gemm_efficiency(kernels: KernelSet, codes: Col, gemm_bytes: Col, m: Col, n: Col, k: Col):
+    """Fraction of the format's dense peak a GEMM of m x k by k x n (m tokens) reaches on each
+    row's chip, from its measured table (NaN on rows without one; None if no row has one)."""
+
+    def rate(code: int, nbytes: float, mnk: tuple[Col, ...]) -> Col:
+        table, peaks = kernels.tables[code], kernels.peaks[code]
+        fmt = gemm_format(nbytes, table.gemm)
+        m_, n_, k_ = (np.maximum(np.asarray(c, float), 1.0) for c in mnk)
+        over = TRAINING_OVER_TABLE["bf16" if fmt == "bf16" else "fp8"]
+        rate = grid_lookup(table.gemm[fmt], m_, n_, k_) * over
+        return rate / peaks[fmt]
+
+    return _per_chip(kernels, codes, gemm_bytes, (m, n, k), rate)
+
+
+def attention_efficiency(kernels: KernelSet, codes: Col, head_dim: Col, seq: Col, heads: Col):
+    """Fraction of the 16-bit dense peak causal flash attention's forward reaches over `heads`
+    parallel (sequence, head) pairs of `seq` tokens with `head_dim`, on each row's chip."""
+
+    def rate(code: int, _: float, coords: tuple[Col, ...]) -> Col:
+        table, peaks = kernels.tables[code], kernels.peaks[code]
+        d, s, h = (np.maximum(np.asarray(c, float), 1.0) for c in coords)
+        rate = grid_lookup(table.attention, d, s, h) * TRAINING_OVER_TABLE["attention"]
+        return rate / peaks["bf16"]
+
+    return _per_chip(kernels, codes, np.float32(0.0), (head_dim, seq, heads), rate)
+
+
+def collective_time(kernels: KernelSet, codes: Col, op: str, size: Col, nbytes: Col):
+    """Seconds of one NCCL collective (`op`: all_reduce, all_gather, reduce_scatter) over
+    `size` ranks of one NVLink domain on a whole buffer of `nbytes`, as measured on each row's
+    chip (NaN on rows without a table; None if no row has one)."""
+
+    def seconds(code: int, _: float, coords: tuple[Col, ...]) -> Col:
+        ranks, buffer = (np.asarray(c, float) for c in coords)
+        return collective_seconds(kernels.tables[code], op, ranks, buffer)
+
+    return _per_chip(kernels, codes, np.float32(0.0), (size, nbytes), seconds)

@@ -1,0 +1,80 @@
+"""Loads the measured kernel tables shipped in autoconfig/profiles/kernels/ into Grids.
+
+The cost layer (autoconfig.cost.kernel_tables) holds the arrays and lookups and reads no files;
+this spec-layer module reads each chip folder's gemm.csv (or gemm.csv.gz), attention.csv,
+nccl.csv and provenance.yaml, distilled from aiconfigurator-core's measurements (Apache-2.0) by
+scripts/distill_kernel_tables.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from functools import cache
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from autoconfig.cost.kernel_tables import Grid, KernelTables
+
+
+def kernels_folder() -> Traversable:
+    return files("autoconfig") / "profiles" / "kernels"
+
+
+def kernel_chips() -> list[str]:
+    """The chips with shipped tables."""
+    folder = kernels_folder()
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if (p / "provenance.yaml").is_file())
+
+
+def _read_csv(folder: Traversable, name: str) -> pd.DataFrame:
+    plain, packed = folder / name, folder / f"{name}.gz"
+    if plain.is_file():
+        return pd.read_csv(io.BytesIO(plain.read_bytes()))
+    if packed.is_file():
+        return pd.read_csv(io.BytesIO(gzip.decompress(packed.read_bytes())))
+    raise FileNotFoundError(f"{folder}: no {name}")
+
+
+def _grid(frame: pd.DataFrame, axes: list[str], value: str, where: str) -> Grid:
+    """A Grid from the rows of a full regular grid (any row order)."""
+    levels = [np.sort(frame[a].unique()) for a in axes]
+    shape = tuple(len(lv) for lv in levels)
+    if len(frame) != int(np.prod(shape)) or frame.duplicated(axes).any():
+        raise ValueError(f"{where}: rows do not form a full regular grid over {', '.join(axes)}")
+    ordered = frame.sort_values(axes)
+    return Grid(
+        tuple(lv.astype(np.float64) for lv in levels),
+        ordered[value].to_numpy(np.float64).reshape(shape),
+    )
+
+
+@cache
+def kernel_tables(chip: str) -> KernelTables | None:
+    """One chip's measured tables, or None where the chip has none shipped."""
+    folder = kernels_folder() / chip
+    if not chip or not (folder / "provenance.yaml").is_file():
+        return None
+    prov = yaml.safe_load((folder / "provenance.yaml").read_text())
+    gemm = _read_csv(folder, "gemm.csv")
+    att = _read_csv(folder, "attention.csv")
+    nccl = _read_csv(folder, "nccl.csv")
+    return KernelTables(
+        chip=chip,
+        gemm={
+            str(d): _grid(g, ["m", "n", "k"], "tflops", f"{chip} gemm {d}")
+            for d, g in gemm.groupby("dtype", sort=False)
+        },
+        attention=_grid(att, ["head_dim", "seq", "heads"], "tflops", f"{chip} attention"),
+        nccl={
+            str(op): _grid(g, ["gpus", "bytes"], "us", f"{chip} nccl {op}")
+            for op, g in nccl.groupby("op", sort=False)
+        },
+        source=str(prov.get("summary", chip)),
+    )

@@ -1,0 +1,591 @@
+"""Distil aiconfigurator-core's measured kernel latencies into the small per-chip tables autoconfig
+ships under autoconfig/profiles/kernels/<chip>/ (GEMM and attention achieved TFLOP/s, NCCL times).
+
+Data provenance only: autoconfig never imports aiconfigurator-core; this script runs under a Python
+that has it (plus pandas, pyarrow, pyyaml) and writes plain files that the package then ships.
+
+    python scripts/distill_kernel_tables.py [--source DIR] [--out DIR] [--chips a100,h100,...]
+
+aiconfigurator-core (NVIDIA, Apache-2.0) stores per GPU, per op, per engine and engine version a
+parquet table of measured latencies in milliseconds. Choices, per chip:
+
+- GEMM bf16: TensorRT-LLM's PyTorch flow ("torch_flow"), whose unquantized Linear calls
+  torch.nn.functional.linear, i.e. cuBLAS, as a training framework's bf16 linear does.
+- GEMM fp8: the same flow's per-tensor-scaled fp8 Linear, a cuBLASLt fp8 GEMM
+  (trtllm.cublas_scaled_mm): the kernel family Transformer Engine's per-tensor (delayed or
+  current) scaling recipes call; vLLM's CutlassFP8ScaledMM and SGLang's fp8_scaled_mm are CUTLASS.
+- GEMM fp8_block (1x128 activation, 128x128 weight scales, DeepSeek-V3's training recipe):
+  DeepGEMM where measured (TensorRT-LLM's "deepgemm" on Blackwell, SGLang's DeepGEMM on Hopper),
+  else TensorRT-LLM's own blockwise kernel.
+- GEMM nvfp4: TensorRT-LLM's nvfp4 Linear (its nvfp4_gemm picks among cuBLASLt and CUTLASS).
+- Attention: FlashAttention's forward through vLLM (FA3 on Hopper, FA2 on Ampere and on the
+  RTX PRO 6000); on Blackwell data-centre parts, where no FlashAttention was measured,
+  TensorRT-LLM's own context FMHA. bf16 inputs and KV, no sliding window.
+- NCCL: the newest nccl-version folder, dtype half.
+
+The newest engine version that holds the wanted kernel is used. Each table becomes a full regular
+grid; a grid point the source did not measure is filled from its nearest measured neighbours in
+log space (linear in log of the value over log2 of the coordinate, along one axis at a time,
+constant beyond the last measured point) and counted in provenance.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gzip
+import importlib.metadata
+import importlib.util
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+# Our GPU profiles' `chip` -> the package's system folder. gb202 is the RTX PRO 6000 Blackwell's
+# die (the profile rtx-pro-6000-blackwell says chip: gb202). h200, gb200 and gb300 are measured
+# separately from the chip their profiles name (h100, b200, b300) and ship under their own names.
+CHIPS = {
+    "a100": "a100_sxm",
+    "h100": "h100_sxm",
+    "h200": "h200_sxm",
+    "b200": "b200_sxm",
+    "b300": "b300_sxm",
+    "gb200": "gb200",
+    "gb300": "gb300",
+    "gb202": "rtx_pro_6000_server",
+}
+
+DEEPGEMM = "DeepGEMM blockwise fp8 (1x128 activation, 128x128 weight scales), DeepSeek-V3's recipe"
+# dtype -> (engine, kernel_source, gemm_dtype) in order of preference, with the reason.
+GEMM_SOURCES: dict[str, list[tuple[str, str, str, str]]] = {
+    "bf16": [
+        (
+            "trtllm",
+            "torch_flow",
+            "bfloat16",
+            "torch.nn.functional.linear (cuBLAS), as a training framework's bf16 linear",
+        ),
+        ("vllm", "torch.nn.functional.linear", "bfloat16", "torch.nn.functional.linear (cuBLAS)"),
+    ],
+    "fp8": [
+        (
+            "trtllm",
+            "torch_flow",
+            "fp8",
+            "per-tensor-scaled fp8 through cuBLASLt (trtllm.cublas_scaled_mm), the kernel family "
+            "Transformer Engine's per-tensor scaling recipes call (vLLM/SGLang measured CUTLASS "
+            "kernels instead)",
+        ),
+    ],
+    "fp8_block": [
+        ("trtllm", "deepgemm", "fp8_block", DEEPGEMM),
+        ("sglang", "sglang_deepgemm_gemm_nt_f8f8bf16", "fp8_block", DEEPGEMM),
+        (
+            "trtllm",
+            "torch_flow",
+            "fp8_block",
+            "TensorRT-LLM's blockwise fp8 GEMM (1x128 / 128x128 scales; no DeepGEMM here)",
+        ),
+    ],
+    "nvfp4": [
+        (
+            "trtllm",
+            "torch_flow",
+            "nvfp4",
+            "NVFP4 (16-element blocks, fp8 scales) through trtllm.nvfp4_gemm, which picks among "
+            "cuBLASLt and CUTLASS kernels",
+        ),
+    ],
+}
+
+# (engine, kernel_source, reason) in order of preference.
+ATTENTION_SOURCES: list[tuple[str, str, str]] = [
+    ("vllm", "vllm_flash_attn_fa3", "FlashAttention-3 forward (vLLM's flash-attn build, Hopper)"),
+    ("vllm", "vllm_flash_attn", "FlashAttention-2 forward (vLLM's flash-attn build on Ampere)"),
+    ("vllm", "vllm_flash_attn_fa2", "FlashAttention-2 forward (vLLM's flash-attn build)"),
+    (
+        "trtllm",
+        "torch_flow",
+        "TensorRT-LLM's context FMHA (no FlashAttention measured on this chip)",
+    ),
+]
+
+NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
+NCCL_DTYPE_BYTES = {"half": 2, "int8": 1}
+GEMM_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
+
+COLUMNS = {
+    "gemm": {
+        "dtype": "the GEMM's input type: bf16, fp8 (per-tensor scales), fp8_block (1x128 / "
+        "128x128 block scales), nvfp4",
+        "m": "rows of x[m, k] (tokens)",
+        "n": "columns of W[k, n] (output features)",
+        "k": "the reduction dimension (input features)",
+        "tflops": "achieved TFLOP/s = 2*m*n*k / latency / 1e12 (4 significant digits)",
+    },
+    "attention": {
+        "head_dim": "per-head dimension of q, k and v",
+        "seq": "sequence length of every sequence in the call (queries = keys, causal)",
+        "heads": "parallel (sequence, query head) work items: batch size x query heads",
+        "tflops": "achieved TFLOP/s of the causal forward, counting 2*heads*seq^2*head_dim "
+        "FLOPs (4*b*h*s^2*d halved by the mask); geometric mean over the KV-head "
+        "counts and the (batch, heads) splits measured at the same point",
+    },
+    "nccl": {
+        "op": "all_reduce, all_gather, reduce_scatter or alltoall",
+        "gpus": "ranks in the collective (one node's NVLink domain as measured)",
+        "bytes": "the collective's whole buffer in bytes (nccl-tests' size: the all-reduce "
+        "buffer, all-gather's output, reduce-scatter's input), = message_size x 2 for "
+        "dtype half, message_size being an element count",
+        "us": "measured time of one call in microseconds",
+    },
+}
+
+
+class FlowListDumper(yaml.SafeDumper):
+    """Writes lists of numbers on one line (the grid axes), everything else in block style."""
+
+
+FlowListDumper.add_representer(
+    list,
+    lambda dumper, data: dumper.represent_sequence(
+        "tag:yaml.org,2002:seq",
+        data,
+        flow_style=all(isinstance(v, (int, float)) for v in data),
+    ),
+)
+
+
+def sig4(x: np.ndarray) -> list[str]:
+    return [f"{v:.4g}" for v in np.asarray(x, dtype=float)]
+
+
+def version_key(v: str) -> tuple:
+    """Sort key for '1.3.0rc20', '0.5.6.post2', '2.27', '0.1.dev19262': release numbers, then
+    dev < rc < final < post."""
+    m = re.match(r"^(\d+(?:\.\d+)*)(.*)$", v)
+    if not m:
+        return ((), 0, 0)
+    rel = tuple(int(p) for p in m.group(1).split("."))
+    rest = m.group(2).lstrip(".")
+    num = int(re.findall(r"\d+", rest)[0]) if re.findall(r"\d+", rest) else 0
+    rank = 2
+    if rest.startswith("dev"):
+        rank = 0
+    elif rest.startswith(("rc", "a", "b")):
+        rank = 1
+    elif rest.startswith("post"):
+        rank = 3
+    return (rel, rank, num)
+
+
+def versions(folder: Path, filename: str) -> list[Path]:
+    """Version folders holding `filename`, newest first (reuse-only folders have no parquet)."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if (p / filename).is_file()]
+    return sorted(found, key=lambda p: version_key(p.name), reverse=True)
+
+
+def copyright_line(folder: Path) -> str:
+    meta = folder / "collection_meta.yaml"
+    if meta.is_file():
+        for line in meta.read_text().splitlines():
+            if "SPDX-FileCopyrightText:" in line:
+                return line.split("SPDX-FileCopyrightText:", 1)[1].strip()
+    return "Copyright (c) NVIDIA CORPORATION & AFFILIATES"
+
+
+def fill_axis(values: np.ndarray, axes: list[np.ndarray], axis: int) -> None:
+    """Fill NaNs along one axis, in place: linear in log(value) over log2(coordinate) between the
+    measured points of each line, constant beyond its ends; lines with none stay NaN."""
+    moved = np.moveaxis(values, axis, -1)
+    x = np.log2(axes[axis])
+    flat = moved.reshape(-1, moved.shape[-1])
+    for row in flat:
+        ok = np.isfinite(row)
+        if ok.all() or not ok.any():
+            continue
+        row[~ok] = np.exp(np.interp(x[~ok], x[ok], np.log(row[ok])))
+    moved[...] = flat.reshape(moved.shape)
+
+
+def fill_grid(values: np.ndarray, axes: list[np.ndarray], order: list[int]) -> int:
+    """Fill every NaN of `values`, axis by axis in `order` (repeated until none is left);
+    returns how many points were filled."""
+    missing = int(np.isnan(values).sum())
+    for _ in range(len(order)):
+        for ax in order:
+            fill_axis(values, axes, ax)
+        if not np.isnan(values).any():
+            return missing
+    raise ValueError("grid has a line with no measured point on any axis")
+
+
+def thin_m(ms: np.ndarray) -> np.ndarray:
+    """A roughly log-spaced subset of the measured m: the powers of two and 1.5 x powers of two
+    (48, 96, 192, ...) that were measured, plus the largest."""
+    keep = []
+    for m in ms:
+        p = int(m)
+        pow2 = p & (p - 1) == 0
+        three = p % 3 == 0 and (p // 3) & (p // 3 - 1) == 0 and p >= 48
+        if pow2 or three:
+            keep.append(p)
+    keep.append(int(ms.max()))
+    return np.array(sorted(set(keep)), dtype=np.int64)
+
+
+def gemm_tables(data: Path) -> tuple[list[str], dict]:
+    rows: list[str] = []
+    meta: dict = {}
+    cache: dict[Path, pd.DataFrame] = {}
+    for dtype in GEMM_DTYPES:
+        chosen = None
+        for engine, ks, gdt, why in GEMM_SOURCES[dtype]:
+            for vdir in versions(data / "gemm" / engine, "gemm_perf.parquet"):
+                path = vdir / "gemm_perf.parquet"
+                if path not in cache:
+                    cache[path] = pd.read_parquet(path)
+                df = cache[path]
+                sel = df[(df.kernel_source == ks) & (df.gemm_dtype == gdt)]
+                if len(sel):
+                    chosen = (engine, vdir, ks, gdt, why, sel)
+                    break
+            if chosen:
+                break
+        if not chosen:
+            continue
+        engine, vdir, ks, gdt, why, sel = chosen
+        sel = sel[sel.latency > 0]
+        tf = 2.0 * sel.m * sel.n * sel.k / (sel.latency * 1e-3) / 1e12
+        pts = (
+            pd.DataFrame({"m": sel.m, "n": sel.n, "k": sel.k, "ltf": np.log(tf)})
+            .groupby(["m", "n", "k"])
+            .ltf.mean()  # geometric mean over repeats (none seen)
+        )
+        m_ax = thin_m(np.sort(sel.m.unique()))
+        n_ax = np.sort(sel.n.unique())
+        k_ax = np.sort(sel.k.unique())
+        axes = [m_ax.astype(float), n_ax.astype(float), k_ax.astype(float)]
+        grid = np.full((len(m_ax), len(n_ax), len(k_ax)), np.nan)
+        idx = pd.MultiIndex.from_product([m_ax, n_ax, k_ax], names=["m", "n", "k"])
+        grid[...] = np.exp(pts.reindex(idx).to_numpy()).reshape(grid.shape)
+        # Unmeasured points are the largest shapes: along m first, where achieved TFLOP/s has
+        # saturated by then, so the fill holds it constant.
+        filled = fill_grid(grid, axes, [0, 2, 1])
+        mm, nn, kk = np.meshgrid(m_ax, n_ax, k_ax, indexing="ij")
+        for a, b, c, v in zip(mm.ravel(), nn.ravel(), kk.ravel(), sig4(grid.ravel()), strict=True):
+            rows.append(f"{dtype},{a},{b},{c},{v}")
+        meta[dtype] = {
+            "path": in_package(vdir / "gemm_perf.parquet"),
+            "engine": engine,
+            "engine_version": vdir.name,
+            "kernel_source": ks,
+            "gemm_dtype": gdt,
+            "kernel": why,
+            "device": str(sel.device.iloc[0]) if "device" in sel else "",
+            "rows_read": len(sel),
+            "axes": {"m": m_ax.tolist(), "n": n_ax.tolist(), "k": k_ax.tolist()},
+            "grid_points": int(grid.size),
+            "points_filled": filled,
+            "max_tflops": float(f"{grid.max():.4g}"),
+        }
+    return rows, meta
+
+
+def heads_axis(hmax: int) -> np.ndarray:
+    out = []
+    p = 1
+    while p <= hmax:
+        out.append(p)
+        if p >= 2 and 3 * p // 2 <= hmax:
+            out.append(3 * p // 2)
+        p *= 2
+    if out[-1] < hmax:
+        out.append(hmax)
+    return np.array(sorted(set(out)), dtype=np.int64)
+
+
+def attention_table(data: Path) -> tuple[list[str], dict]:
+    for engine, ks, why in ATTENTION_SOURCES:
+        for vdir in versions(data / "attention" / engine, "context_attention_perf.parquet"):
+            df = pd.read_parquet(vdir / "context_attention_perf.parquet")
+            sel = df[
+                (df.kernel_source == ks)
+                & (df.attn_dtype == "bfloat16")
+                & (df.kv_cache_dtype == "bfloat16")
+            ]
+            if "window_size" in sel:
+                sel = sel[sel.window_size == 0]
+            if len(sel):
+                return _attention_grid(data, engine, vdir, ks, why, sel)
+    raise ValueError(f"{data}: no context attention table")
+
+
+def _attention_grid(
+    data: Path, engine: str, vdir: Path, ks: str, why: str, sel: pd.DataFrame
+) -> tuple[list[str], dict]:
+    rows_read = len(sel)
+    # One token per sequence is a decode call: the causal-half FLOP count means nothing there.
+    sel = sel[(sel.isl >= 16) & (sel.latency > 0)]
+    flops = 2.0 * sel.batch_size * sel.num_heads * sel.isl.astype(float) ** 2 * sel.head_dim
+    ltf = np.log(flops / (sel.latency * 1e-3) / 1e12)
+    d = pd.DataFrame(
+        {
+            "head_dim": sel.head_dim,
+            "seq": sel.isl,
+            "heads": sel.batch_size * sel.num_heads,
+            "b": sel.batch_size,
+            "nh": sel.num_heads,
+            "ltf": ltf,
+        }
+    )
+    # Geometric mean over the KV-head counts at one (batch, heads) point, then over the
+    # (batch, heads) splits giving the same number of work items.
+    per_call = d.groupby(["head_dim", "seq", "heads", "b", "nh"]).ltf.mean()
+    pts = per_call.groupby(["head_dim", "seq", "heads"]).mean()
+    hd_ax = np.sort(d.head_dim.unique())
+    s_ax = np.sort(d.seq.unique())
+    h_ax = heads_axis(int(d.heads.max()))
+    axes = [hd_ax.astype(float), s_ax.astype(float), h_ax.astype(float)]
+    grid = np.full((len(hd_ax), len(s_ax), len(h_ax)), np.nan)
+    exact = 0
+    for i, hd in enumerate(hd_ax):
+        for j, s in enumerate(s_ax):
+            if (hd, s) not in pts.index.droplevel(2):
+                continue
+            line = pts.loc[(hd, s)]
+            hx = np.log2(line.index.to_numpy(float))
+            grid[i, j] = np.exp(np.interp(np.log2(h_ax), hx, line.to_numpy()))
+            exact += int(np.isin(h_ax, line.index.to_numpy()).sum())
+    before = int(np.isfinite(grid).sum())
+    filled_lines = fill_grid(grid, axes, [1, 0])
+    filled = filled_lines + (before - exact)
+    hh, ss, nn = np.meshgrid(hd_ax, s_ax, h_ax, indexing="ij")
+    rows = [
+        f"{a},{b},{c},{v}"
+        for a, b, c, v in zip(hh.ravel(), ss.ravel(), nn.ravel(), sig4(grid.ravel()), strict=True)
+    ]
+    meta = {
+        "path": in_package(vdir / "context_attention_perf.parquet"),
+        "engine": engine,
+        "engine_version": vdir.name,
+        "kernel_source": ks,
+        "kernel": why,
+        "attn_dtype": "bfloat16",
+        "kv_cache_dtype": "bfloat16",
+        "window_size": 0,
+        "device": str(sel.device.iloc[0]) if "device" in sel else "",
+        "rows_read": rows_read,
+        "axes": {"head_dim": hd_ax.tolist(), "seq": s_ax.tolist(), "heads": h_ax.tolist()},
+        "grid_points": int(grid.size),
+        "points_filled": filled,
+        "note": "seq 1 (a decode call) left out; a `heads` grid value not measured at its "
+        "(head_dim, seq) is interpolated between the measured ones, constant beyond "
+        "them, and counted as filled",
+        "max_tflops": float(f"{grid.max():.4g}"),
+    }
+    return rows, meta
+
+
+def nccl_table(data: Path) -> tuple[list[str], dict]:
+    vdirs = versions(data / "comm" / "nccl", "nccl_perf.parquet")
+    if not vdirs:
+        raise ValueError(f"{data}: no nccl table")
+    vdir = vdirs[0]
+    df = pd.read_parquet(vdir / "nccl_perf.parquet")
+    rows: list[str] = []
+    per_op: dict = {}
+    total_read = total_points = total_filled = total_lowered = 0
+    for op in NCCL_OPS:
+        sel = df[(df.op_name == op) & (df.nccl_dtype == "half") & (df.latency > 0)]
+        if not len(sel):
+            continue
+        total_read += len(sel)
+        pts = (
+            pd.DataFrame(
+                {
+                    "gpus": sel.num_gpus,
+                    "bytes": sel.message_size * 2,
+                    "lus": np.log(sel.latency * 1e3),
+                }
+            )
+            .groupby(["gpus", "bytes"])
+            .lus.mean()
+        )
+        g_ax = np.sort(sel.num_gpus.unique())
+        b_ax = np.sort((sel.message_size * 2).unique())
+        axes = [g_ax.astype(float), b_ax.astype(float)]
+        idx = pd.MultiIndex.from_product([g_ax, b_ax], names=["gpus", "bytes"])
+        grid = np.exp(pts.reindex(idx).to_numpy()).reshape(len(g_ax), len(b_ax))
+        filled = fill_grid(grid, axes, [1, 0])
+        # In the latency-bound sizes the measurements scatter by up to tens of percent, some
+        # larger messages timing faster than smaller ones. A smaller buffer can always go as a
+        # larger one would, so each size takes the least time measured at it or any larger
+        # size: time then never falls with bytes (a search would otherwise favour padding).
+        envelope = np.minimum.accumulate(grid[:, ::-1], axis=1)[:, ::-1]
+        lowered = int((envelope < grid).sum())
+        grid = envelope
+        total_points += grid.size
+        total_filled += filled
+        total_lowered += lowered
+        gg, bb = np.meshgrid(g_ax, b_ax, indexing="ij")
+        rows += [
+            f"{op},{a},{b},{v}"
+            for a, b, v in zip(gg.ravel(), bb.ravel(), sig4(grid.ravel()), strict=True)
+        ]
+        per_op[op] = {
+            "gpus": g_ax.tolist(),
+            "bytes_min": int(b_ax[0]),
+            "bytes_max": int(b_ax[-1]),
+            "sizes": len(b_ax),
+            "points_filled": filled,
+            "points_lowered": lowered,
+        }
+    # The element-count convention, checked on the data: at the largest size the half (2-byte)
+    # all-reduce takes about twice the int8 one's time for the same message_size.
+    big = df[(df.op_name == "all_reduce") & (df.num_gpus == df.num_gpus.max())]
+    ratio = None
+    lat = big.pivot_table(index="message_size", columns="nccl_dtype", values="latency")
+    if {"half", "int8"} <= set(lat.columns):
+        both = lat[["half", "int8"]].dropna()
+        if len(both):
+            ratio = round(float(both.iloc[-1]["half"] / both.iloc[-1]["int8"]), 3)
+    meta = {
+        "path": in_package(vdir / "nccl_perf.parquet"),
+        "engine": "nccl",
+        "engine_version": vdir.name,
+        "kernel_source": str(df.kernel_source.iloc[0]) if "kernel_source" in df else "",
+        "nccl_dtype": "half",
+        "device": str(df.device.iloc[0]) if "device" in df else "",
+        "rows_read": total_read,
+        "grid_points": total_points,
+        "points_filled": total_filled,
+        "points_lowered": total_lowered,
+        "monotone": "each size's time is the least measured at that size or any larger one "
+        "(points_lowered counts the points this changed)",
+        "ops": per_op,
+        "message_size_units": (
+            "elements: the package's own callers pass element counts (e.g. "
+            "ops.NCCL(..., num_elements_per_token=kv_bytes_per_token / comm_bytes, ...)) with the "
+            "dtype separately; here the half all-reduce at the largest message_size takes "
+            f"{ratio} x the int8 one's time (2 if message_size counts elements, 1 if bytes). "
+            "bytes = message_size x 2"
+        ),
+        "buffer_convention": (
+            "whole buffer (nccl-tests' size): all_gather and reduce_scatter take about half the "
+            "all_reduce time at the same size, as ring algorithms on the same buffer do; a "
+            "per-rank all_gather size would imply several TB/s of NVLink bus bandwidth"
+        ),
+    }
+    return rows, meta
+
+
+def in_package(path: Path) -> str:
+    """The path inside the package (aiconfigurator_core/systems/data/...)."""
+    parts = path.parts
+    at = parts.index("systems") if "systems" in parts else max(len(parts) - 5, 0)
+    return "/".join(("aiconfigurator_core", *parts[at:]))
+
+
+def source_dir(arg: str | None) -> Path:
+    if arg:
+        return Path(arg)
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("aiconfigurator-core is not installed here; pass --source DIR")
+    return Path(next(iter(spec.submodule_search_locations))) / "systems" / "data"
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("aiconfigurator-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def write_csv(path: Path, header: str, rows: list[str], gz: bool = False) -> None:
+    """A CSV file; gzipped (as path + '.gz', with no timestamp so a rerun on the same data gives
+    the same bytes) where `gz`, removing the other form."""
+    text = (header + "\n" + "\n".join(rows) + "\n").encode()
+    plain, packed = path, path.with_name(path.name + ".gz")
+    if gz:
+        packed.write_bytes(gzip.compress(text, compresslevel=9, mtime=0))
+        plain.unlink(missing_ok=True)
+    else:
+        plain.write_bytes(text)
+        packed.unlink(missing_ok=True)
+
+
+def distil(chip: str, folder: str, src: Path, out: Path, version: str, gz: bool) -> dict:
+    data = src / folder
+    gemm_rows, gemm_meta = gemm_tables(data)
+    att_rows, att_meta = attention_table(data)
+    nccl_rows, nccl_meta = nccl_table(data)
+    dest = out / chip
+    dest.mkdir(parents=True, exist_ok=True)
+    write_csv(dest / "gemm.csv", "dtype,m,n,k,tflops", gemm_rows, gz=gz)
+    write_csv(dest / "attention.csv", "head_dim,seq,heads,tflops", att_rows)
+    write_csv(dest / "nccl.csv", "op,gpus,bytes,us", nccl_rows)
+    bf16 = gemm_meta["bf16"]
+    summary = (
+        f"aiconfigurator-core {version} (Apache-2.0) {folder}: GEMM {bf16['engine']} "
+        f"{bf16['engine_version']} ({', '.join(gemm_meta)}), attention {att_meta['engine']} "
+        f"{att_meta['engine_version']} {att_meta['kernel_source']}, NCCL "
+        f"{nccl_meta['engine_version']}"
+    )
+    prov = {
+        "chip": chip,
+        "summary": summary,
+        "source": {
+            "package": "aiconfigurator-core",
+            "version": version,
+            "license": "Apache-2.0",
+            "copyright": copyright_line(data / "gemm" / bf16["engine"] / bf16["engine_version"]),
+            "system": folder,
+            "data_dir": f"aiconfigurator_core/systems/data/{folder}",
+            "units": "the source's latencies are milliseconds",
+        },
+        "distilled": dt.date.today().isoformat(),
+        "script": "scripts/distill_kernel_tables.py",
+        "gemm": {
+            "file": "gemm.csv.gz" if gz else "gemm.csv",
+            "columns": COLUMNS["gemm"],
+            "tables": gemm_meta,
+        },
+        "attention": {"file": "attention.csv", "columns": COLUMNS["attention"], **att_meta},
+        "nccl": {"file": "nccl.csv", "columns": COLUMNS["nccl"], **nccl_meta},
+    }
+    (dest / "provenance.yaml").write_text(
+        "# Distilled from aiconfigurator-core's measured kernel data (Apache-2.0).\n"
+        + yaml.dump(prov, Dumper=FlowListDumper, sort_keys=False, width=100)
+    )
+    return prov
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", help="aiconfigurator-core's systems/data folder")
+    ap.add_argument(
+        "--out",
+        default=str(Path(__file__).resolve().parent.parent / "autoconfig" / "profiles" / "kernels"),
+    )
+    ap.add_argument("--chips", default=",".join(CHIPS), help="comma-separated chip names")
+    # The GEMM grids (all measured n and k, ~20 m, up to four dtypes) are about 1 MB of text per
+    # chip; gzipped they are a fifth of that, which keeps the shipped folder under ~2 MB.
+    ap.add_argument("--plain", action="store_true", help="write gemm.csv uncompressed")
+    args = ap.parse_args()
+    src = source_dir(args.source)
+    out = Path(args.out)
+    version = package_version()
+    for chip in args.chips.split(","):
+        prov = distil(chip, CHIPS[chip], src, out, version, gz=not args.plain)
+        sizes = sum(f.stat().st_size for f in (out / chip).iterdir())
+        print(f"{chip}: {prov['summary']}; {sizes / 1e3:.0f} kB")
+
+
+if __name__ == "__main__":
+    main()
