@@ -1,13 +1,14 @@
-"""The GPU families' time constants fitted on published runs, and the leave-one-group-out check.
+"""The shared time constants fitted on published runs, and the leave-one-group-out check.
 
 `fit_time_constants` is the one fit of the time constants: `scripts/fit_profiles.py` ships
 what it fits on the calibration third of every source group. The check refits them without a
 whole group and predicts all of that group's rows. The shipped constants saw every group, so
 even a group's held-out two thirds come from a stack, cluster and authors the fit has seen; a
 source the project does not ship has none of that, and this is the nearest this data comes to
-that test. A GPU family that no other group's calibration rows measured takes the h100 fit, as
-`scripts/fit_profiles.py` gives a family with no published runs. A row's unknown settings are
-still resolved as the fastest that fits under the shipped constants (`resolve.read_resolved`).
+that test. The constants left to fit are shared by every GPU (SHARED_CONSTANTS); GEMM,
+attention and NVLink collective times come from each GPU's measured kernel tables. A row's
+unknown settings are still resolved as the fastest that fits under the shipped constants
+(`resolve.read_resolved`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """Predicts each published source group with time constants fitted without it.
 
-    python scripts/validate_left_out.py   # about 1.5 minutes; writes docs/validation_left_out.md
+    python scripts/validate_left_out.py   # about 3-5 minutes; writes docs/validation_left_out.md
 
 For each source group whose throughput the targets count (the Ultra-Scale Playbook apart, as
-in scripts/validate_published.py), the GPU families' time constants are refitted on the other
+in scripts/validate_published.py), the shared time constants are refitted on the other
 groups' rows of the calibration third, and every completed, measured row of the group is
 predicted with them (`autoconfig.leave_out`). The shipped fit and the constant-MFU guess are
-beside.
+beside. The left-out signed errors, by error regime with each group weighted once, and the
+measured peak-memory error go to autoconfig/report/assets/left_out_spread.json: the spread
+and memory-risk line every ranking carries (autoconfig.training.spread).
 """
 
 from __future__ import annotations
@@ -15,19 +17,30 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from autoconfig import resources
 from autoconfig import validation as v
 from autoconfig.leave_out import leave_group_out, left_out_table
+from autoconfig.trainer.config import TrainConfig
+from autoconfig.trainer.prediction import predicted
+from autoconfig.training import spread
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "validation_left_out.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "validation_left_out.md"
+# The bundled trainer's one-GPU runs on an H100 (docs/gpu_measurements.md): each run's
+# configuration is known whole, and torch reports what its allocator reserved at the peak,
+# fragmentation included, beside what it allocated.
+TRAINER_RUNS = ROOT / "docs" / "measured" / "h100_trainer_runs.json"
+TRAINER_PROFILE = "h100-sxm-80gb"
 
 
 def main() -> None:
     started = time.perf_counter()
     runs = v.load_training_runs()
-    shipped = v.group_table(v.predictions(runs))
+    shipped_rows = v.predictions(runs)
+    shipped = v.group_table(shipped_rows)
     targeted = shipped[shipped["throughput_target"]]
     left_out = leave_group_out(runs, sorted(targeted["source_group"]))
     table = left_out_table(left_out).merge(
@@ -84,6 +97,87 @@ def main() -> None:
     kept["left_out_beside_median_over_groups_pct"] = round(medians["shipped"], 1)
     accuracy.write_text(json.dumps(kept, indent=2) + "\n")
     print("wrote", DOC)
+    spreads = spread.regime_spreads(left_out)
+    memory = _memory_margin(shipped_rows)
+    for name, s in spreads.items():
+        q = s["quantiles"]
+        print(
+            f"{name}: {s['rows']} rows, {s['groups']} groups, measured/predicted 20th-80th "
+            f"percentile {np.exp(-q['0.8']):.2f}-{np.exp(-q['0.2']):.2f}"
+            + (f" ({s['fallback']})" if s["fallback"] else "")
+        )
+    print(
+        f"memory risk above {100 * memory['safe_share']:.1f}% of capacity "
+        f"(largest reserved/predicted {memory['largest_ratio']:.3f}, {memory['largest_case']})"
+    )
+    asset = resources.asset_path(spread.ASSET)
+    asset.write_text(json.dumps(_spread_asset(spreads, memory), indent=2) + "\n")
+    print("wrote", asset)
+
+
+def _spread_asset(spreads: dict[str, dict], memory: dict) -> dict:
+    return {
+        "generated_by": "python scripts/validate_left_out.py",
+        "quantity": "log(pred/measured) of tokens/s/GPU, each source group predicted by time "
+        "constants fitted without it (autoconfig.leave_out.leave_group_out)",
+        "weighting": "each source group weighs once in every quantile: a row counts "
+        "1 / (its group's rows in the regime)",
+        "levels": list(spread.LEVELS),
+        "low": f"prediction x exp(-quantile {spread.CONSERVATIVE_LEVEL:g}): the 20th "
+        "percentile of measured/predicted",
+        "high": f"prediction x exp(-quantile {spread.OPTIMISTIC_LEVEL:g}): the 80th "
+        "percentile of measured/predicted",
+        "combination": "a row in several regimes takes on each side the farthest quantile of "
+        "any of them; every row is in one pipeline-depth regime",
+        "min_groups": spread.MIN_GROUPS,
+        "fallback": f"a regime with fewer than {spread.MIN_GROUPS} source groups carries the "
+        "base quantiles (every left-out row); its own are kept in own_quantiles",
+        "regimes": spreads,
+        "memory": memory,
+    }
+
+
+def _memory_margin(shipped_rows: pd.DataFrame) -> dict:
+    """How much above its prediction a run's memory has been measured to reach: the largest
+    reserved/predicted peak of the bundled trainer's eager runs on the H100 (the compiled run is
+    not what the model describes), and what the safe share of capacity that leaves; checked
+    against the trainer's OOM run, and beside the published peaks' group-weighted median
+    measured/predicted (docs/validation.md's peak-memory table), which ran, so never OOMed."""
+    runs = json.loads(TRAINER_RUNS.read_text())["runs"]
+    ratios, ooms = {}, {}
+    for run in runs:
+        if run["config"].get("compile"):
+            continue
+        pred = predicted(TrainConfig.model_validate(run["config"]), TRAINER_PROFILE, "cuda")
+        peak, capacity = float(pred["pred_peak_mem_gb"]), float(pred["mem_capacity_gb"])
+        if run["status"] == "ok" and run.get("peak_reserved_gb"):
+            ratios[run["case"]] = float(run["peak_reserved_gb"]) / peak
+        elif run["status"] == "oom":
+            ooms[run["case"]] = peak / capacity
+    case = max(ratios, key=lambda c: ratios[c])
+    safe = 1 / ratios[case]
+    measured = pd.to_numeric(shipped_rows["measured_peak_mem_gb"], errors="coerce")
+    ran = shipped_rows[measured.notna() & (shipped_rows["error"] == "")]
+    log_ratio = np.log(measured[ran.index] / ran["pred_peak_mem_gb"].astype(float))
+    published = spread.weighted_quantiles(log_ratio, ran["source_group"], (0.5,))[0]
+    return {
+        "safe_share": round(safe, 4),
+        "largest_ratio": round(ratios[case], 4),
+        "largest_case": case,
+        "reserved_over_predicted": {c: round(r, 4) for c, r in ratios.items()},
+        "oom_predicted_share": {c: round(s, 4) for c, s in ooms.items()},
+        "oom_flagged": all(s > safe for s in ooms.values()),
+        "published_median_measured_over_predicted": round(float(np.exp(published)), 4),
+        "published_groups": int(ran["source_group"].nunique()),
+        "source": (
+            f"the bundled trainer's H100 runs reserved up to {ratios[case]:.3f}x the predicted "
+            f"peak ({case}; docs/measured/h100_trainer_runs.json, docs/gpu_measurements.md), "
+            f"so a predicted peak above {100 * safe:.1f}% of capacity may not fit; its "
+            "gpt3-2.7b run OOMed at "
+            + ", ".join(f"{100 * s:.1f}%" for s in ooms.values())
+            + " predicted"
+        ),
+    }
 
 
 def _document(
@@ -98,18 +192,16 @@ def _document(
             "",
             "The shipped constants (docs/validation.md) were fitted on a fixed third of every "
             "source group, so even a group's held-out rows come from a stack, a cluster and a "
-            "way of measuring the fit has seen. Here each group's GPU-family time constants "
-            "are refitted on the other groups' rows of that third alone, and all of the "
-            "group's completed, measured rows are predicted with them: the nearest this data "
-            "comes to a published run the project does not ship. A GPU family that no other "
-            "group's calibration rows measured takes the h100 constants fitted without it (as "
-            "`scripts/fit_profiles.py` gives a family with no published runs), and a GEMM "
-            "format no remaining row of a family measured takes the next wider format's "
-            "efficiency. "
+            "way of measuring the fit has seen. Here the time constants that stay fitted "
+            "(`autoconfig.leave_out.SHARED_CONSTANTS`: memory share, kernel launch, bus shares "
+            "and latencies, step overhead; one value for every GPU) are refitted on the other "
+            "groups' rows of that third alone, and all of the group's completed, measured rows "
+            "are predicted with them: the nearest this data comes to a published run the "
+            "project does not ship. GEMMs, flash attention and collectives inside a node come "
+            "from each GPU's measured kernel tables and are not fitted (docs/model.md). "
             "Each refit starts from the middle of every constant's physical range "
-            "(`autoconfig.fit.TIME_PARAMS`), not from the shipped values, and keeps a "
-            "constant that the GPU's own kernels were measured at inside that range (a "
-            "profile's `measured_efficiency`: h100's `gemm`). "
+            "(`autoconfig.fit.TIME_PARAMS`; memory within what the H100's single-pass kernels "
+            "reached), as the shipped fit (`scripts/fit_profiles.py`) does. "
             "The memory constants stay the shipped ones, and a row's unknown settings are "
             "still resolved as the fastest that fits under the shipped time constants. "
             "`rows_in_shipped_fit` counts the group's rows "
@@ -132,10 +224,9 @@ def _document(
             "",
             "## By GPU family within each left-out group",
             "",
-            "`chip_fitted` is false where no other group's calibration rows measured the "
-            "family, so its rows were predicted with the h100 constants. True does not mean "
-            "every GEMM format was fitted on that family: with Megatron-Bridge left out, no "
-            "remaining row measures fp4 at all, so h100's fp8 efficiency stands in for it.",
+            "`chip_fitted` is false where no other group's calibration rows ran on the "
+            "family. The fitted constants are shared by every GPU, so it only says that the "
+            "family's rows weighed in no refit; its kernels come from its own tables.",
             "",
             by_family.round(1).to_markdown(index=False),
             "",

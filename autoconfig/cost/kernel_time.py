@@ -15,7 +15,7 @@ table look-up per op, however many layouts it evaluates.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,7 +59,7 @@ class KernelSet:
 NO_KERNELS = KernelSet()
 
 
-def gemm_format(gemm_bytes: float, available: dict) -> str:
+def gemm_format(gemm_bytes: float, available: Mapping[str, object]) -> str:
     """The table format a GEMM of `gemm_bytes` per operand element runs in: 16-bit, per-tensor
     fp8, block-scaled fp8 (mxfp8: 1 + 1/32 bytes) or nvfp4, falling back to the nearest wider
     format the chip's table has (its efficiency then applies to the candidate's own peak)."""
@@ -79,16 +79,16 @@ def _per_chip(
     codes: Col,
     keys: Col,
     coords: tuple[Col, ...],
-    rate: Callable[[int, float, tuple[Col, ...]], Col],
+    value_of: Callable[[int, float, tuple[Col, ...]], Col],
 ) -> Col | None:
-    """`rate(code, key, coords)` for each (chip code, key) group of rows, as one column; None
+    """`value_of(code, key, coords)` for each (chip code, key) group of rows, as one column; None
     where no row has a table. Scalar codes and keys make one call on the whole columns."""
     # A code with no table in `kernels` (inputs built without the shipped set) has none.
     codes = np.where(np.asarray(codes) < len(kernels.tables), codes, -1.0)
     if not np.any(codes >= 0):
         return None
     if np.ndim(codes) == 0 and np.ndim(keys) == 0:
-        return rate(int(codes), float(keys), coords)
+        return value_of(int(codes), float(keys), coords)
     n = int(np.prod(np.broadcast_shapes(np.shape(codes), np.shape(keys), *map(np.shape, coords))))
     codes_n = np.broadcast_to(codes, (n,))
     keys_n = np.broadcast_to(keys, (n,))
@@ -97,39 +97,44 @@ def _per_chip(
     for code in np.unique(codes_n[codes_n >= 0]):
         for key in np.unique(keys_n[codes_n == code]):
             rows = (codes_n == code) & (keys_n == key)
-            out[rows] = rate(int(code), float(key), tuple(c[rows] for c in full))
+            out[rows] = value_of(int(code), float(key), tuple(c[rows] for c in full))
     return out
 
 
-def gemm_efficiency(kernels: KernelSet, codes: Col, gemm_bytes: Col, m: Col, n: Col, k: Col):
+def gemm_efficiency(
+    kernels: KernelSet, codes: Col, gemm_bytes: Col, m: Col, n: Col, k: Col
+) -> Col | None:
     """Fraction of the format's dense peak a GEMM of m x k by k x n (m tokens) reaches on each
     row's chip, from its measured table (NaN on rows without one; None if no row has one)."""
 
-    def rate(code: int, nbytes: float, mnk: tuple[Col, ...]) -> Col:
+    def efficiency(code: int, nbytes: float, mnk: tuple[Col, ...]) -> Col:
         table, peaks = kernels.tables[code], kernels.peaks[code]
         fmt = gemm_format(nbytes, table.gemm)
         m_, n_, k_ = (np.maximum(np.asarray(c, float), 1.0) for c in mnk)
         over = TRAINING_OVER_TABLE["bf16" if fmt == "bf16" else "fp8"]
-        rate = grid_lookup(table.gemm[fmt], m_, n_, k_) * over
-        return rate / peaks[fmt]
+        return grid_lookup(table.gemm[fmt], m_, n_, k_) * over / peaks[fmt]
 
-    return _per_chip(kernels, codes, gemm_bytes, (m, n, k), rate)
+    return _per_chip(kernels, codes, gemm_bytes, (m, n, k), efficiency)
 
 
-def attention_efficiency(kernels: KernelSet, codes: Col, head_dim: Col, seq: Col, heads: Col):
+def attention_efficiency(
+    kernels: KernelSet, codes: Col, head_dim: Col, seq: Col, heads: Col
+) -> Col | None:
     """Fraction of the 16-bit dense peak causal flash attention's forward reaches over `heads`
     parallel (sequence, head) pairs of `seq` tokens with `head_dim`, on each row's chip."""
 
-    def rate(code: int, _: float, coords: tuple[Col, ...]) -> Col:
+    def efficiency(code: int, _: float, coords: tuple[Col, ...]) -> Col:
         table, peaks = kernels.tables[code], kernels.peaks[code]
         d, s, h = (np.maximum(np.asarray(c, float), 1.0) for c in coords)
         rate = grid_lookup(table.attention, d, s, h) * TRAINING_OVER_TABLE["attention"]
         return rate / peaks["bf16"]
 
-    return _per_chip(kernels, codes, np.float32(0.0), (head_dim, seq, heads), rate)
+    return _per_chip(kernels, codes, np.float32(0.0), (head_dim, seq, heads), efficiency)
 
 
-def collective_time(kernels: KernelSet, codes: Col, op: str, size: Col, nbytes: Col):
+def collective_time(
+    kernels: KernelSet, codes: Col, op: str, size: Col, nbytes: Col
+) -> Col | None:
     """Seconds of one NCCL collective (`op`: all_reduce, all_gather, reduce_scatter) over
     `size` ranks of one NVLink domain on a whole buffer of `nbytes`, as measured on each row's
     chip (NaN on rows without a table; None if no row has one)."""

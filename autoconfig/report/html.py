@@ -23,7 +23,15 @@ from autoconfig.report.terminal import (
     failure_lines,
     measured_rows,
 )
-from autoconfig.training.rank import EQUAL_SPEED, NEAR_TIE, NEAR_TIE_SOURCE, TIE_RULES, top_row
+from autoconfig.training.rank import (
+    EQUAL_SPEED,
+    MEMORY_RISK_RULE,
+    NEAR_TIE,
+    NEAR_TIE_SOURCE,
+    SPREAD,
+    TIE_RULES,
+    top_row,
+)
 from autoconfig.training.result import SearchResult
 
 ACCURACY = "accuracy.json"  # written by scripts/validate_published.py
@@ -82,8 +90,11 @@ def training_accuracy_note(acc: dict[str, float]) -> str:
         "which sources they come from)."
     )
     parts.append(
-        f"Configurations within {100 * NEAR_TIE:g}% of the fastest are near-ties: "
-        f"{NEAR_TIE_SOURCE}. Layouts within {100 * EQUAL_SPEED:g}% of each other run at "
+        f"Layouts are ranked by the low end of their tokens/s/GPU spread: {SPREAD.source}. "
+        f"Configurations within {100 * NEAR_TIE:g}% of the best are near-ties: "
+        f"{NEAR_TIE_SOURCE}; among them a layout without memory risk is listed first "
+        f"({MEMORY_RISK_RULE}; memory risk: {SPREAD.memory_source}). "
+        f"Layouts within {100 * EQUAL_SPEED:g}% of each other run at "
         f"equal speed and are ordered by: "
         f"{', '.join(name for name, _ in TIE_RULES)}."
     )

@@ -16,8 +16,10 @@ from autoconfig.measure.result import MeasuredSearch
 from autoconfig.specs import GPUSpec, ModelSpec
 from autoconfig.training.rank import (
     EQUAL_SPEED,
+    MEMORY_RISK_RULE,
     NEAR_TIE,
     NEAR_TIE_SOURCE,
+    SPREAD,
     TIE_RULES,
     top_row,
 )
@@ -87,7 +89,7 @@ def failure_lines(search: MeasuredSearch) -> list[tuple[str, str, str]]:
     return out
 
 
-LEFT = ("layout", "recompute", "tie broken by")
+LEFT = ("layout", "recompute", "memory risk", "tie broken by")
 
 
 def answer_cells(row: pd.Series) -> dict[str, str]:
@@ -103,9 +105,18 @@ def answer_cells(row: pd.Series) -> dict[str, str]:
 
 def near_tie_line(count: int) -> str:
     return (
-        f"~ marks near-ties: within {100 * NEAR_TIE:g}% of the fastest, {NEAR_TIE_SOURCE} "
-        f"({count} configurations); layouts within {100 * EQUAL_SPEED:g}% run at equal speed "
-        f"and are ordered by: {', '.join(name for name, _ in TIE_RULES)}"
+        f"~ marks near-ties: within {100 * NEAR_TIE:g}% of the best conservative estimate, "
+        f"{NEAR_TIE_SOURCE} ({count} configurations); among near-ties a layout without memory "
+        f"risk is listed first ({MEMORY_RISK_RULE}); layouts within {100 * EQUAL_SPEED:g}% run "
+        f"at equal speed and are ordered by: {', '.join(name for name, _ in TIE_RULES)}"
+    )
+
+
+def spread_line() -> str:
+    """What the ranking sorts by, what the spread and the memory flag mean, and their sources."""
+    return (
+        f"ranked by the low end of tokens/s/GPU (low-high): {SPREAD.source}; "
+        f"memory risk: {SPREAD.memory_source}"
     )
 
 
@@ -298,6 +309,8 @@ def search_view(
     if a["explanation"]:
         lines.append(a["explanation"])
     lines.extend(result.advice)
+    if a["feasible"]:
+        lines.append(spread_line())
     if a["feasible"] and (ranked["near_tie"].sum() > 1):
         lines.append(near_tie_line(int(ranked["near_tie"].sum())))
     return Group(table, *lines)
