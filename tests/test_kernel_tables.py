@@ -22,7 +22,7 @@ from autoconfig.cost.kernel_tables import (
     gemm_seconds,
     grid_lookup,
 )
-from autoconfig.kernel_catalog import kernel_chips, kernel_tables
+from autoconfig.kernel_catalog import kernel_chips, kernel_tables, kernels_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "autoconfig" / "profiles" / "kernels"
@@ -141,7 +141,10 @@ def test_every_profiled_gpu_chip_has_tables() -> None:
 def test_chip_loads_and_covers_bf16(chip: str) -> None:
     t = kernel_tables(chip)
     assert t is not None and t.chip == chip
-    assert "bf16" in t.gemm and "aiconfigurator-core" in t.source
+    assert "bf16" in t.gemm and t.source.endswith(f"{chip}/provenance.yaml")
+    provenance = yaml.safe_load((kernels_folder() / chip / "provenance.yaml").read_text())
+    assert provenance["source"]["package"] == "aiconfigurator-core"
+    assert provenance["source"]["license"] == "Apache-2.0"
     assert {"all_reduce", "all_gather", "reduce_scatter", "alltoall"} <= set(t.nccl)
     assert 128 in t.attention.axes[0]
 
@@ -251,6 +254,11 @@ def test_collective_edges() -> None:
     assert collective_seconds(t, "all_reduce", 8, 1.0) == pytest.approx(
         collective_seconds(t, "all_reduce", 8, first)
     )
+    # more ranks than were measured together: left to the caller's model, not clamped
+    assert np.isnan(collective_seconds(t, "all_reduce", 16, top))
+    rack = kernel_tables("gb200")
+    assert np.isnan(collective_seconds(rack, "all_reduce", 8, top))
+    assert np.isfinite(collective_seconds(rack, "all_reduce", 4, top))
 
 
 def test_h100_nvlink_all_reduce_bus_bandwidth() -> None:

@@ -114,6 +114,7 @@ class KernelTables:
 
 
 def _table(tables: dict[str, Grid], key: str, what: str, chip: str) -> Grid:
+    """`tables[key]`, or one line naming what the chip's tables hold instead."""
     try:
         return tables[key]
     except KeyError:
@@ -150,10 +151,12 @@ def collective_seconds(t: KernelTables, op: str, gpus: Col, nbytes: Col) -> Col:
 
     Beyond the largest measured size the time grows in proportion to bytes (the largest size's
     bandwidth); below the smallest it is the smallest's latency. Rank counts beyond the measured
-    ones (one node's) take the largest measured count's time."""
+    ones (one node's: 8, or 4 of an NVL72 rack) are NaN: a ring over more ranks takes more
+    steps, so the caller models them (cost.comm)."""
     grid = _table(t.nccl, op, "NCCL", t.chip)
     gpus, nbytes = np.broadcast_arrays(np.asarray(gpus), np.asarray(nbytes))
     top = grid.axes[1][-1]
     us = grid_lookup(grid, gpus, np.minimum(nbytes, top))
     us = us * np.maximum(nbytes / top, 1.0)
+    us = np.where(gpus > grid.axes[0][-1], np.nan, us)
     return np.where((gpus <= 1) | (nbytes <= 0), 0.0, us * 1e-6).astype(us.dtype, copy=False)

@@ -15,7 +15,7 @@ table look-up per op, however many layouts it evaluates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,7 +49,7 @@ class KernelSet:
     """Measured tables by chip code (`CostInputs.kernel_chip` indexes `tables`) with the
     datasheet dense peak, TFLOP/s by table format, of the chip each was measured on."""
 
-    tables: tuple[KernelTables, ...] = ()
+    tables: Sequence[KernelTables] = ()
     peaks: tuple[dict[str, float], ...] = field(default=())
 
     def __bool__(self) -> bool:

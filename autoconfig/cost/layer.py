@@ -56,7 +56,7 @@ class Op:
     params: Col | float = ZERO  # parameters outside GEMM weights on one rank (norm scales, ...)
     # A GEMM that 8- and 4-bit recipes leave in 16 bits (the LM head: Megatron's output layer
     # is a plain ColumnParallelLinear outside Transformer Engine's fp8 autocast, and
-    # torchtitan's float8 conversion filters out its "output" module).
+    # torchtitan's float8 conversion filters out its "output" module; the MoE router).
     sixteen_bit: bool = False
 
     @property
@@ -301,6 +301,8 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             gemm_n=x.experts,
             weight_bytes=moe * 2.0 * h * x.experts,
             kernels=np.where(moe > 0, 3.0, 0.0),  # logits, top-k, permute
+            # Megatron-Core's router is a plain linear outside Transformer Engine's fp8
+            sixteen_bit=True,
         ),
         # Tokens copied to their experts' order and back (permute / unpermute): each reads and
         # writes the token and its top-k copies.

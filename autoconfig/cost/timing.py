@@ -1,11 +1,15 @@
 """Step time: per-op roofline compute, exposed communication and the pipeline schedule.
 
-- Each GEMM takes max(FLOPs / (peak * gemm efficiency), bytes / (HBM * memory efficiency))
-  plus a fixed per-kernel cost (roofline, Williams et al. 2009); memory-bound ops take bytes
-  moved / effective bandwidth; backward is 2x forward (2.5x for flash attention, whose
-  backward recomputes the scores: Dao 2023, FlashAttention-2, Sec. 3.1.2). Causal flash
-  attention skips the masked half of the score blocks. Block-scaled 8- and 4-bit GEMMs first
-  quantize their 16-bit inputs (a memory-bound pass, Transformer Engine's MXFP8/NVFP4 recipes).
+- GEMMs, flash attention and collectives inside one NVLink domain come from the measured
+  kernel tables of the candidate's GPU (cost.kernel_time; docs/model.md): a GEMM's forward,
+  input-gradient and weight-gradient shapes are each looked up, flash attention's backward is
+  a measured multiple of its forward. Sub-16-bit GEMMs also pay Transformer Engine's
+  quantization passes (row-wise and transposed copies of the input, and of the output
+  gradient in backward). A GPU without tables takes max(FLOPs / (peak * gemm efficiency),
+  bytes / (HBM * memory efficiency)) plus a per-kernel cost (roofline, Williams et al.
+  2009), backward 2x the forward (2.5x for flash attention: Dao 2023, FlashAttention-2,
+  Sec. 3.1.2). Causal flash attention skips the masked half of the score blocks;
+  memory-bound ops take bytes moved / effective bandwidth.
 - TP: per block with TP-split matmuls one all-reduce (or all-gather + reduce-scatter with SP)
   of the block's b*s*h activations in forward and one in backward (Shoeybi et al. 2019,
   Megatron-LM, Sec. 3; Korthikanti et al. 2022, Sec. 4.2.2); recomputed forwards repeat them.
@@ -57,6 +61,7 @@ from autoconfig.cost.inputs import (
     stage_layers,
 )
 from autoconfig.cost.layer import (
+    ZERO,
     Op,
     attention_widths,
     embedding_ops,
@@ -95,6 +100,10 @@ def _op_times(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col]:
     flash attention from the chip's measured kernels where it has tables, else from the
     profile's efficiency constants (backward `bwd_factor` times the forward)."""
     bandwidth = x.hbm_bytes_s * x.eff_memory
+    if op.kind != "memory" and not np.any(op.present):
+        # a GEMM or attention no candidate's layer has (a dense model's experts): no time, and
+        # no table look-ups, which dominate the search's cost
+        return ZERO, ZERO
     if op.kind == "gemm" and op.sixteen_bit and np.any(np.asarray(x.gemm_bytes) < 2.0):
         x = replace(x, gemm_bytes=np.float32(2.0), peak_flops=x.peak_bf16_flops)
     if op.kind == "gemm":
@@ -141,7 +150,8 @@ def _quantize_passes(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col]:
     framework caches it over micro-batches, is not charged."""
     per_element = np.where(x.gemm_bytes < 2.0, 2.0 + 2.0 * x.gemm_bytes, 0.0)
     flops = op.flops * tokens * per_element / (x.hbm_bytes_s * x.eff_memory)
-    inputs = flops / (2.0 * np.maximum(op.gemm_n, 1.0))
+    # a GEMM fused with others (q with k and v) shares one quantized input: its share of it
+    inputs = flops / (2.0 * np.maximum(op.tile_width, 1.0))
     output_grads = flops / (2.0 * np.maximum(op.gemm_k, 1.0))
     return inputs, output_grads
 
@@ -178,16 +188,17 @@ def _measured_gemm(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col] | None
     cast_f, cast_b = _quantize_passes(x, op, tokens)
     fwd = flops / (peak * forward) + cast_f
     bwd = flops / (peak * dgrad) + flops / (peak * wgrad) + cast_b
-    fallback_f, fallback_b = _fallback_gemm(x, op, tokens)
+    fallback_f, fallback_b = _fallback_gemm(x, op, tokens, np.isnan(fwd) | np.isnan(bwd))
     return (
         np.where(np.isnan(fwd), fallback_f, np.where(op.present, fwd, 0.0)),
         np.where(np.isnan(bwd), fallback_b, np.where(op.present, bwd, 0.0)),
     )
 
 
-def _fallback_gemm(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col]:
-    """A GEMM timed by the profile's efficiency constants (rows whose chip has no table)."""
-    if not np.any(np.asarray(x.kernel_chip) < 0):
+def _fallback_gemm(x: CostInputs, op: Op, tokens: Col, missing: Col) -> tuple[Col, Col]:
+    """A GEMM timed by the profile's efficiency constants, for the rows `missing` a table
+    (their chip has none, or their code points past the table set)."""
+    if not np.any(missing):
         return np.float64(np.nan), np.float64(np.nan)
     return _op_times(replace(x, kernels=kernel_time.NO_KERNELS), op, tokens)
 
@@ -220,10 +231,15 @@ def kernel_count(ops: list[Op]) -> Col:
     return np.asarray(out)
 
 
-def _fwd_bwd(x: CostInputs, ops: list[Op], tokens: Col) -> tuple[Col, Col]:
+def _fwd_bwd(
+    x: CostInputs, ops: list[Op], tokens: Col, known: dict[str, tuple[Col, Col]] | None = None
+) -> tuple[Col, Col]:
+    """Forward and backward time of `ops` together; `known` holds ops already timed (by
+    name), so that the layer's subsets (its GEMMs, what recompute re-runs) are not looked up
+    in the kernel tables again."""
     fwd = bwd = 0.0
     for op in ops:
-        f, b = _op_times(x, op, tokens)
+        f, b = known[op.name] if known and op.name in known else _op_times(x, op, tokens)
         fwd = fwd + f
         bwd = bwd + b
     return np.asarray(fwd), np.asarray(bwd)
@@ -288,14 +304,22 @@ def step_time(
     per_stage = stage_layers(x)
     ops = ops if ops is not None else layer_ops(x)
     params = params if params is not None else stage_params(x, ops)
-    f_gpu, b_gpu = _fwd_bwd(x, ops, tokens)
-    f_gemm, _ = _fwd_bwd(x, [op for op in ops if op.kind == "gemm"], tokens)
+    timed = {op.name: _op_times(x, op, tokens) for op in ops}
+    f_gpu, b_gpu = _fwd_bwd(x, ops, tokens, timed)
+    f_gemm, _ = _fwd_bwd(x, [op for op in ops if op.kind == "gemm"], tokens, timed)
 
     # Tensor parallel: one collective pair per TP-split block in forward, one in backward.
     # Under autocast the gathers (and their backward) carry the fp32 norm output and the
     # reductions the bf16 GEMM output: 3 bytes an element on average (not measured: one GPU).
     act_bytes = (2.0 + x.autocast_fp32) * tokens * x.hidden
-    tp_one = comm.all_reduce(act_bytes, x.tp, comm.tp_link(x))
+    # With sequence parallelism the pair is an all-gather and a reduce-scatter (Korthikanti et
+    # al. 2022, Sec. 4.2.2), which NCCL runs slower than one all-reduce of the same buffer.
+    tp_link = comm.tp_link(x)
+    tp_one = np.where(
+        x.sp > 0,
+        comm.all_gather(act_bytes, x.tp, tp_link) + comm.reduce_scatter(act_bytes, x.tp, tp_link),
+        comm.all_reduce(act_bytes, x.tp, tp_link),
+    )
     tp_layer = tp_blocks(x) * tp_one
     tp_f = _exposed(tp_layer, np.where(x.sp > 0, x.tp_overlap, 0.0), f_gemm)
     tp_b = _exposed(tp_layer, np.where(x.sp > 0, x.tp_overlap, 0.0), 2.0 * f_gemm)
@@ -309,18 +333,20 @@ def step_time(
     launch_excess = (f_layer - f_busy) + (b_layer - b_busy)
 
     recompute_ops = [op for op in ops if op.dropped_by_selective or op.kind == "attention"]
-    f_attn, _ = _fwd_bwd(x, recompute_ops, tokens)
+    f_attn, _ = _fwd_bwd(x, recompute_ops, tokens, timed)
     f_attn = np.maximum(f_attn, kernel_count(recompute_ops) * x.kernel_s)
     recomputed = recomputed_layers(x, per_stage)
     # Op-level SAC re-runs every memory-bound op and half of the matmuls.
-    f_cheap, _ = _fwd_bwd(x, [op for op in ops if op.kind == "memory"], tokens)
+    f_cheap, _ = _fwd_bwd(x, [op for op in ops if op.kind == "memory"], tokens, timed)
     extra_fwd = recomputed * f_layer + per_stage * np.select(
         [x.recompute == SELECTIVE, x.recompute == OP_LEVEL], [f_attn, f_cheap + 0.5 * f_gemm], 0.0
     )
 
     f_emb, b_emb = _fwd_bwd(x, embedding_ops(x), tokens)
     f_head, b_head = _fwd_bwd(x, head_ops(x), tokens)
-    f_mtp, b_mtp = _fwd_bwd(x, mtp_ops(x), tokens)
+    # the multi-token-prediction block: skipped (and its tables not looked up) where no
+    # candidate has one
+    f_mtp, b_mtp = _fwd_bwd(x, mtp_ops(x), tokens) if np.any(x.mtp > 0) else (ZERO, ZERO)
     mtp = x.mtp * (f_mtp + b_mtp + tp_f + tp_b)
     single = x.pp == 1
     ends = f_emb + b_emb + f_head + b_head + mtp
@@ -344,7 +370,7 @@ def step_time(
     kv_bytes = 2.0 * tokens * kv_out / x.tp
     hop = comm.p2p(kv_bytes, comm.cp_link(x))
     attn_op = next(op for op in ops if op.kind == "attention")
-    attn_f, attn_b = _op_times(x, attn_op, tokens)
+    attn_f, attn_b = timed[attn_op.name]
     blocks = np.maximum(x.cp, 1.0)
     cp_f = (x.cp - 1.0) * np.maximum(hop - attn_f / blocks, 0.0)
     cp_b = (x.cp - 1.0) * np.maximum(2.0 * hop - attn_b / blocks, 0.0)
