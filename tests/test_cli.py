@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import typer
-from conftest import assert_user_error
-from conftest import run_cli as run
+from helpers import assert_user_error
+from helpers import run_cli as run
 
 from autoconfig import validation
 from autoconfig.cli.app import COMMAND_MODULES, register

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import assert_user_error, make_inputs, run_cli
+from helpers import assert_user_error, make_inputs, run_cli
 
 from autoconfig import api, catalog, frameworks, layout
 from autoconfig.cost import evaluate
@@ -78,8 +78,9 @@ def test_zero3_across_nodes_pays_for_its_weight_traffic() -> None:
     """gpt3-175b, ZeRO-3 on 1536 A100: each micro-batch gathers the fp16 model (350 GB) for
     forward and again for backward and reduce-scatters its gradients. Each node must bring
     the whole model in through its eight 25 GB/s NICs for every pass (its own GPUs hold
-    8/1536 of it): three passes at line rate are a floor on the exposed time, since one
-    micro-batch per step leaves only the layers' own compute to hide behind."""
+    8/1536 of it): three passes at line rate are a floor on the step, since no layer runs
+    before its weights arrive, and what the layers' own compute (one micro-batch per step)
+    cannot hide stays exposed."""
     row = api.estimate(
         "gpt3-175b",
         "a100-sxm-80gb",
@@ -95,7 +96,8 @@ def test_zero3_across_nodes_pays_for_its_weight_traffic() -> None:
     cluster = catalog.get_gpu("a100-sxm-80gb").cluster
     node_in = cluster.gpus_per_node * cluster.inter_node_gb_s * 1e9
     passes = 3 * 350e9 / node_in
-    assert float(row["time_dp_comm_s"]) > passes
+    assert float(row["pred_step_time_s"]) > passes
+    assert float(row["time_dp_comm_s"]) > 0.5 * passes
     assert float(row["pred_mfu"]) < 0.514  # below the best published 3D-parallel run
 
 
@@ -106,10 +108,9 @@ def test_search_ranks_3d_parallelism_above_zero3_for_175b_on_a100() -> None:
     best_zero3_pure_dp = feasible[(feasible["zero"] == 3) & (feasible["tp"] == 1)]
     assert best["tp"] > 1 or best["pp"] > 1
     if len(best_zero3_pure_dp):
-        ratio = (
-            best_zero3_pure_dp["pred_tokens_per_s_per_gpu"].iloc[0]
-            / best["pred_tokens_per_s_per_gpu"]
-        )
+        # by what the ranking sorts on: the conservative end of each layout's spread
+        key = "pred_tokens_per_s_per_gpu_low"
+        ratio = best_zero3_pure_dp[key].max() / feasible[key].max()
         assert ratio < 0.9
 
 

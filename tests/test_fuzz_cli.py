@@ -12,45 +12,35 @@ import contextlib
 import io
 import itertools
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from helpers import fuzz_examples
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoconfig import catalog
 from autoconfig.cli.app import execute
 
-# Examples per command: together over 5,000 invocations (marked slow: CI runs them; about
-# 20 minutes on 2 shared cores). Each command also has a quick test, QUICK of those counts,
-# that `pytest -m "not slow"` runs in well under a minute.
-# AUTOCONFIG_FUZZ_SCALE shrinks or grows every count.
-SCALE = float(os.environ.get("AUTOCONFIG_FUZZ_SCALE", "1"))
-QUICK = 0.025
+# Each command's draws in the thorough Hypothesis profile ("dev"): together over 5,000
+# invocations, about 20 minutes on 2 shared cores. The profile loaded (tests/conftest.py) scales
+# them (helpers.fuzz_examples): "ci", the default, runs a share of them, drawn afresh for each
+# commit, and replays the failures it has kept first.
 EXAMPLES = {"estimate": 1600, "search": 1100, "infer": 1300, "train": 400, "catalog": 700}
-FUZZ = settings(
-    deadline=None,
-    derandomize=True,  # the same draws on every CI run: a failure reproduces
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 
 
 def fuzz(command: str):
-    """Two tests from one body: every example for `command` (slow) and a quick share of them."""
+    """A test of `command` from `body`, with its share of draws under the loaded profile."""
 
-    def both(body):
-        def made(share: float):
-            n = max(1, round(EXAMPLES[command] * share * SCALE))
-            return settings(FUZZ, max_examples=n)(given(data=st.data())(body))
+    def made(body):
+        return settings(max_examples=fuzz_examples(EXAMPLES[command]))(
+            given(data=st.data())(body)
+        )
 
-        return pytest.mark.slow(made(1.0)), made(QUICK)
-
-    return both
+    return made
 
 
 STATS = {"invocations": 0, "seconds": 0.0, "by_code": {0: 0, 1: 0, 2: 0}, "by_command": {}}
@@ -340,13 +330,11 @@ def _fuzz_catalog_commands_and_strays(files, data) -> None:
     assert "s3cr3t-pw" not in said and "hunter2" not in said  # storage passwords are masked
 
 
-test_fuzz_estimate, test_fuzz_estimate_quick = fuzz("estimate")(_fuzz_estimate)
-test_fuzz_search, test_fuzz_search_quick = fuzz("search")(_fuzz_search)
-test_fuzz_infer, test_fuzz_infer_quick = fuzz("infer")(_fuzz_infer)
-test_fuzz_train, test_fuzz_train_quick = fuzz("train")(_fuzz_train)
-test_fuzz_catalog_commands_and_strays, test_fuzz_catalog_commands_and_strays_quick = fuzz(
-    "catalog"
-)(_fuzz_catalog_commands_and_strays)
+test_fuzz_estimate = fuzz("estimate")(_fuzz_estimate)
+test_fuzz_search = fuzz("search")(_fuzz_search)
+test_fuzz_infer = fuzz("infer")(_fuzz_infer)
+test_fuzz_train = fuzz("train")(_fuzz_train)
+test_fuzz_catalog_commands_and_strays = fuzz("catalog")(_fuzz_catalog_commands_and_strays)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import fuzz_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,13 +21,15 @@ from autoconfig.cli.options import read_csv
 from autoconfig.errors import UserError
 from autoconfig.fileio import csv_text
 
-SCALE = float(os.environ.get("AUTOCONFIG_FUZZ_SCALE", "1"))
-QUICK = 0.1  # the share of each count the quick tests run (the full counts are marked slow)
+# Draws per test are their counts in the thorough Hypothesis profile ("dev"), scaled by the
+# profile loaded (tests/conftest.py; helpers.fuzz_examples); the rest of the settings come from
+# the profile too.
 FUZZ = settings(
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ]
 )
 
 TRAINING = ["model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"]
@@ -51,14 +53,11 @@ HOSTILE = [
 ]  # fmt: skip
 
 
-def both(examples: int, **strategies):
-    """Two tests from one body: `examples` draws (slow: CI runs it) and a quick share."""
-
-    def made(body, share: float):
-        n = max(1, round(examples * share * SCALE))
-        return settings(FUZZ, max_examples=n)(given(**strategies)(body))
-
-    return lambda body: (pytest.mark.slow(made(body, 1.0)), made(body, QUICK))
+def fuzzed(examples: int, **strategies):
+    """A test from a body: `examples` draws in the thorough profile, a share of them in "ci",
+    but never fewer than a tenth of them (the readers are cheap: a tenth takes seconds)."""
+    draws = max(examples // 10, fuzz_examples(examples))
+    return lambda body: settings(FUZZ, max_examples=draws)(given(**strategies)(body))
 
 
 def cell(column: str) -> st.SearchStrategy[str]:
@@ -105,9 +104,7 @@ def _training_rows(frame: pd.DataFrame) -> None:
         assert not risky.any(), (col, written.loc[risky, col].tolist())
 
 
-test_fuzz_training_rows, test_fuzz_training_rows_quick = both(400, frame=table(TRAINING))(
-    _training_rows
-)
+test_fuzz_training_rows = fuzzed(400, frame=table(TRAINING))(_training_rows)
 
 
 def _serving_rows(frame: pd.DataFrame) -> None:
@@ -123,9 +120,7 @@ def _serving_rows(frame: pd.DataFrame) -> None:
 ENCODINGS = ["utf-8", "utf-16", "latin-1", "cp1252", "utf-8-sig"]
 
 
-test_fuzz_serving_rows, test_fuzz_serving_rows_quick = both(300, frame=table(SERVING))(
-    _serving_rows
-)
+test_fuzz_serving_rows = fuzzed(300, frame=table(SERVING))(_serving_rows)
 
 
 def _csv_files(tmp_path_factory, frame, encoding, junk, cut) -> None:
@@ -145,7 +140,7 @@ def _csv_files(tmp_path_factory, frame, encoding, junk, cut) -> None:
         assert "\n" not in str(exc)
 
 
-test_fuzz_csv_files, test_fuzz_csv_files_quick = both(
+test_fuzz_csv_files = fuzzed(
     200,
     frame=table(TRAINING),
     encoding=st.sampled_from(ENCODINGS),
@@ -174,7 +169,9 @@ KEYS = sorted({k for keys in _HF_KEYS.values() for k in keys})
 EXTRA = ["hidden_act", "tie_word_embeddings", "attention_dropout", "_name_or_path", "model_type"]
 
 
-@settings(FUZZ, max_examples=max(1, round(500 * SCALE)))
+# Cheap (500 draws in 2 s): every profile keeps the 500 the default run always made, the
+# thorough one ten times that.
+@settings(FUZZ, max_examples=max(500, fuzz_examples(5000)))
 @given(
     base=st.fixed_dictionaries(HF_BASE),
     noise=st.dictionaries(st.sampled_from(KEYS + EXTRA), JSON_VALUES, max_size=6),

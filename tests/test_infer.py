@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import assert_user_error
-from conftest import run_cli as run
+from helpers import assert_user_error
+from helpers import run_cli as run
 
 from autoconfig import api
 from autoconfig.errors import UserError

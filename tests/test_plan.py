@@ -7,6 +7,7 @@ import math
 
 import pytest
 import typer
+from helpers import assert_user_error, run_cli
 
 from autoconfig import api, layout
 from autoconfig import compare as judge
@@ -14,7 +15,6 @@ from autoconfig import plan as planning
 from autoconfig.cli import defaults, register
 from autoconfig.errors import UserError
 from autoconfig.training import batch
-from tests.conftest import assert_user_error, run_cli
 
 
 def test_plan_finds_the_fewest_gpus_of_a_brute_force_loop() -> None:

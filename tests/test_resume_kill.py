@@ -91,6 +91,7 @@ def test_random_kills_lose_nothing_and_rerun_each_interrupted_layout_once(tmp_pa
         seen = now
     done = subprocess.run([*SEARCH, "--out", str(out), "--resume"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming:" in done.stderr  # the resumed search says what it picks up
     study = _study(out)
     assert study is not None
     trials = study.get_trials()

@@ -6,38 +6,25 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import BASE, RTOL, TRAIN, assert_user_error, make_inputs, run_cli
 
 from autoconfig import catalog, search
 from autoconfig.cost.memory import layer_activation_bytes, stage_params
 from autoconfig.specs import Position
-from autoconfig.trainer import ops
-from autoconfig.trainer.config import config_from_search_row, make_config
+from autoconfig.trainer import cli_train, ops
+from autoconfig.trainer.config import TrainConfig, config_from_search_row, make_config
 from autoconfig.trainer.launch import launch_local
 from autoconfig.trainer.metrics import EXIT_OOM, RunMetrics, read_metrics
 from autoconfig.trainer.model import Block, rope_tables
 from autoconfig.trainer.prediction import grad_bytes_of_run, runs_autocast
-from tests.conftest import make_inputs
-
-STEPS = 3
-BASE = {"steps": STEPS, "warmup": 1, "device": "cpu", "precision": "fp32", "gbs": 4}
-# Plain SGD: unlike Adam (which normalises updates) its update shows any error in a gradient.
-# The tiny models' gradients are small (init std 0.02): at lr 10 three steps move the loss by
-# 1.1e-2 relative from an untrained run (at lr 0.01 a step moved 2-layer tiny-llama's loss by
-# 1.3e-6, inside the tolerance below).
-TRAIN = {"optimizer": "sgd", "lr": 10.0}
-
-# Every parallel run sums and shards in another order than one process, so fp32 losses differ
-# by rounding only: measured at most 6.2e-8 relative after 3 steps (tp2+sp, pp2, dp2). A wrong
-# gradient shows more: dropping the sequence-parallel sum of one norm's weight gradient moves
-# the third loss by 2.9e-5 relative. 5e-6 sits between the two.
-RTOL = 5e-6
 
 LAYOUTS = {
     "tp2": {"tp": 2},
@@ -71,14 +58,45 @@ def _run(tmp: Path, model: str, **layout) -> tuple[int, RunMetrics]:
     return launch_local(cfg, tmp)
 
 
+@dataclass
+class Launched:
+    """One run of `autoconfig train --config`: the CLI's output, the configuration it ran and
+    the folder it wrote (metrics.json)."""
+
+    done: subprocess.CompletedProcess[str]
+    config: TrainConfig
+    out: Path
+
+    @property
+    def metrics(self) -> RunMetrics:
+        assert self.done.returncode == 0, self.done.stdout[-2000:] + self.done.stderr[-2000:]
+        return read_metrics(self.out / "metrics.json")
+
+
 @pytest.fixture(scope="module")
-def single(tmp_path_factory) -> dict[str, list[float]]:
-    out = {}
-    for model in ("tiny-llama", "tiny-gpt"):
-        code, metrics = _run(tmp_path_factory.mktemp(model), model)
-        assert code == 0, metrics.message
-        out[model] = metrics.losses
-    return out
+def launched(tmp_path_factory) -> Callable[..., Launched]:
+    """Trains `model` with a layout (SGD at lr 10, fp32, three steps) through the command line
+    in this process (`autoconfig train --config`), once per configuration for the module: the
+    checks on one layout (same losses as one process, every metrics.json field, the
+    prediction) read one run instead of launching the same ranks again for each."""
+    runs: dict[str, Launched] = {}
+
+    def launch(model: str, **layout) -> Launched:
+        cfg = make_config(model=model, **{**BASE, **TRAIN, **layout})
+        key = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+        if key not in runs:
+            folder = tmp_path_factory.mktemp(model)
+            (folder / "trial.json").write_text(key)
+            done = run_cli("train", "--config", str(folder / "trial.json"), "--out", str(folder))
+            runs[key] = Launched(done, cfg, folder)
+        return runs[key]
+
+    return launch
+
+
+@pytest.fixture(scope="module")
+def single(launched) -> dict[str, list[float]]:
+    return {model: launched(model).metrics.losses for model in ("tiny-llama", "tiny-gpt")}
 
 
 def test_the_reference_run_really_trains(single, tmp_path) -> None:
@@ -97,19 +115,23 @@ def test_the_reference_run_really_trains(single, tmp_path) -> None:
 SLOW_LAYOUTS = {"tp2 x dp2", "tp2+sp x dp2 FSDP", "pp2 x dp2 FSDP"}
 
 
+# The tests that read the tp2 x pp2 run stay on one xdist worker, which launches it once.
+SHARED_RUN = pytest.mark.xdist_group("trainer-tp2-pp2")
+
+
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.slow] if name in SLOW_LAYOUTS else []
+    return marks + ([SHARED_RUN] if name == "tp2 x pp2" else [])
+
+
 @pytest.mark.parametrize(
     ("model", "layout"),
-    [
-        pytest.param("tiny-llama", v, marks=[pytest.mark.slow] if k in SLOW_LAYOUTS else [])
-        for k, v in LAYOUTS.items()
-    ]
+    [pytest.param("tiny-llama", v, marks=_marks(k)) for k, v in LAYOUTS.items()]
     + [("tiny-gpt", v) for v in GPT_LAYOUTS.values()],
     ids=[*LAYOUTS, *GPT_LAYOUTS],
 )
-def test_layout_trains_like_one_process(single, tmp_path, model, layout) -> None:
-    code, metrics = _run(tmp_path, model, **layout)
-    assert code == 0, metrics.message
-    assert metrics.losses == pytest.approx(single[model], rel=RTOL)
+def test_layout_trains_like_one_process(single, launched, model, layout) -> None:
+    assert launched(model, **layout).metrics.losses == pytest.approx(single[model], rel=RTOL)
 
 
 @pytest.mark.parametrize(
@@ -248,19 +270,12 @@ def test_parameter_gradient_optimizer_bytes_are_exact(tmp_path, layout) -> None:
         assert rank.optimizer_bytes == 8 * rank.parameters  # AdamW m and v
 
 
-def test_metrics_json_has_every_field(tmp_path) -> None:
-    code = subprocess.run(
-        [
-            sys.executable, "-m", "autoconfig.cli", "train", "--model", "tiny-llama",
-            "--tp", "2", "--pp", "2", "--nproc", "4", "--steps", "3", "--device", "cpu",
-            "--out", str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert code.returncode == 0, code.stderr[-2000:]
-    raw = json.loads((tmp_path / "metrics.json").read_text())
+@SHARED_RUN
+def test_metrics_json_has_every_field(launched) -> None:
+    """The four-rank tp2 x pp2 run of the equivalence check above, as the CLI wrote it."""
+    run = launched("tiny-llama", tp=2, pp=2)
+    assert run.done.returncode == 0, run.done.stderr[-2000:]
+    raw = json.loads((run.out / "metrics.json").read_text())
     metrics = RunMetrics.model_validate(raw)
     assert metrics.status == "ok"
     assert len(metrics.step_times_s) == len(metrics.losses) == 3
@@ -271,7 +286,42 @@ def test_metrics_json_has_every_field(tmp_path) -> None:
     assert {r.pp_rank for r in metrics.memory} == {0, 1}
     assert all(r.saved_activation_bytes > 0 for r in metrics.memory)
     assert metrics.config["tp"] == 2 and metrics.config["pp"] == 2
-    assert "measured" in code.stdout
+    assert "measured" in run.done.stdout
+
+
+def test_train_flags_build_the_configuration_they_name(monkeypatch, tmp_path) -> None:
+    """`train --tp 2 --pp 2 --nproc 4 ...` builds the configuration of the tp2 x pp2 run above
+    (the flags' own path; that run came from its JSON), up to its optimizer, which no flag
+    sets: the launch is replaced by a stub that keeps the configuration."""
+    seen: list[TrainConfig] = []
+
+    def keep(cfg: TrainConfig, out: Path) -> tuple[int, RunMetrics]:
+        seen.append(cfg)
+        raise SystemExit(0)  # the CLI's own exit, before anything is shown
+
+    monkeypatch.setattr(cli_train, "launch_local", keep)
+    flags = ["--model", "tiny-llama", "--tp", "2", "--pp", "2", "--nproc", "4", "--steps", "3"]
+    flags += ["--warmup", "1", "--gbs", "4", "--precision", "fp32", "--zero", "0", "--no-sp"]
+    flags += ["--device", "cpu"]
+    done = run_cli("train", *flags, "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    (cfg,) = seen
+    ran = make_config(model="tiny-llama", **{**BASE, **TRAIN, "tp": 2, "pp": 2})
+    assert cfg.world_size == cfg.world == ran.world == 4  # --nproc, given; derived in the JSON
+    assert cfg.model_copy(update={**TRAIN, "world_size": None}) == ran
+
+
+@SHARED_RUN
+def test_the_prediction_uses_the_precision_and_profile_that_ran(launched) -> None:
+    """On CPU the ranks hold fp32 and run on cpu-gloo cores: the printed prediction says so,
+    has a step time, and its saved activations are the fp32 ones (twice the 16-bit bytes)."""
+    metrics = launched("tiny-llama", tp=2, pp=2).metrics
+    pred = metrics.predicted
+    assert metrics.gpu_profile == pred["gpu_profile"] == "cpu-gloo"
+    assert pred["precision"] == "fp32"
+    assert pred["pred_step_time_s"] > 0
+    measured = max(r.saved_activation_bytes_per_layer for r in metrics.memory)
+    assert pred["act_bytes_per_layer"] == pytest.approx(measured, rel=0.03)
 
 
 @pytest.mark.parametrize(
@@ -301,22 +351,10 @@ def test_a_failing_rank_ends_the_run_with_a_status(
     ],
 )
 def test_impossible_layouts_are_refused_before_starting(tmp_path, args, field) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "autoconfig.cli",
-        "train",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp_path),
-    ]
-    if "--model" not in args:
-        cmd += ["--model", "tiny-llama"]
-    done = subprocess.run(cmd + args, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), done.stderr
+    model = [] if "--model" in args else ["--model", "tiny-llama"]
+    done = run_cli("train", "--device", "cpu", "--out", str(tmp_path), *model, *args)
+    assert_user_error(done)
+    assert done.stderr.startswith(f"error: {field}"), done.stderr
     assert not (tmp_path / "rank0.json").exists()
 
 
