@@ -140,6 +140,8 @@ def text_file(path: Path | str, field: str, max_bytes: int = MAX_TEXT_BYTES) -> 
 def output_folder(path: Path | str, field: str) -> Path:
     """A folder autoconfig may create or write into: not a file, not under a pseudo
     filesystem, and the nearest existing ancestor a writable folder. Creates nothing."""
+    if str(path) == "":  # Path('') would be '.': the current folder, never meant
+        raise UserError(f"{field}: must not be empty (give a folder; '.' for the current one)")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{field}: '{path}' is a file, not a folder")

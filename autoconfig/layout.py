@@ -438,13 +438,17 @@ def parse_fix(items: list[str] | None, where: str = "fix") -> dict[str, Any]:
     """`--fix tp=8,pp=8 --fix zero=1` as typed values; one line naming what is wrong."""
     out: dict[str, Any] = {}
     for item in items or []:
-        for part in filter(None, (p.strip() for p in str(item).split(","))):
+        for part in (p.strip() for p in str(item).split(",")):
+            if not part:
+                raise UserError(f"{where}: empty item in '{item}' (expected dimension=value,...)")
             key, sep, value = part.partition("=")
             key = key.strip()
             if not sep or not key or not value.strip():
                 raise UserError(f"{where}: expected dimension=value (got '{part}')")
             if key not in BY_NAME:
                 raise UserError(f"{where}: unknown dimension '{key}' (allowed: {', '.join(NAMES)})")
+            if key in out:
+                raise UserError(f"{where}: dimension '{key}' given twice (give each once)")
             out[key] = BY_NAME[key].parse(value, f"{where}: ")
     return out
 

@@ -64,7 +64,7 @@ def search(
         help="GPUs per node (default: the GPU's cluster); with slurm: ranks per node",
         callback=COUNT,
     ),
-    top: int = typer.Option(10, help="rows to show", callback=COUNT0),
+    top: int = typer.Option(10, help="rows to show", callback=COUNT),
     tokens: float = typer.Option(
         None, help="training tokens: show days (and cost) to train", callback=AMOUNT
     ),
@@ -72,7 +72,10 @@ def search(
         None, help="price of one GPU-hour, with --tokens", callback=AMOUNT
     ),
     out: Path = typer.Option(
-        None, help="folder for results.csv, best.json, report.html", callback=OUT_FOLDER
+        None,
+        parser=str,  # the text as typed: Path('') would read as '.', hiding an empty --out
+        help="folder for results.csv, best.json, report.html",
+        callback=OUT_FOLDER,
     ),
     framework: Framework = defaults.framework(
         "the framework that will run it: its layouts, overlaps and fused kernels "
@@ -133,6 +136,8 @@ def search(
     """Rank every valid parallel layout of a model on N GPUs by predicted throughput; with
     --measure, confirm the best with short profiled runs of the bundled trainer."""
     fixed = layout.parse_fix(fix)
+    if resume and not measure:
+        raise UserError("resume: --resume continues a measured study; it needs --measure")
     if profile is not None and not defaults.defaulted(ctx, "gpu"):
         raise UserError("profile: give --profile or --gpu, not both")
     cpu = on_cpu(measure, device)
