@@ -18,6 +18,7 @@ import pandas as pd
 
 from autoconfig import catalog
 from autoconfig.cost.evaluate import evaluate
+from autoconfig.cost.inputs import CostInputs
 from autoconfig.fit import (
     GEMM_CLASSES,
     TIME_PARAMS,
@@ -141,14 +142,23 @@ def predict_with(
 ) -> tuple[pd.Series, np.ndarray]:
     """Predicted tokens/s/GPU of each row of `runs` under `constants` (NaN where refused), and
     each row's GPU family."""
+    pred, chips, _, _ = _predicted(runs, constants)
+    return pred, chips
+
+
+def _predicted(
+    runs: pd.DataFrame, constants: dict[str, dict[str, float]]
+) -> tuple[pd.Series, np.ndarray, CostInputs, dict[str, np.ndarray]]:
+    """`predict_with`'s figures, with the rows' cost inputs and every prediction column."""
     rows, _ = read_resolved(runs.reset_index(drop=True))
     chips = row_chips(rows)
     x = rows.inputs()
     known = set(chips) - {""}
     x = with_params(x, chips, gemm_class(x, len(chips)), constants_for_chips(constants, known))
     with np.errstate(all="ignore"):
-        tps = np.broadcast_to(evaluate(x)["pred_tokens_per_s_per_gpu"], len(chips))
-    return pd.Series(np.where(chips != "", tps, np.nan), index=runs.index), chips
+        out = evaluate(x)
+    tps = np.broadcast_to(out["pred_tokens_per_s_per_gpu"], len(chips))
+    return pd.Series(np.where(chips != "", tps, np.nan), index=runs.index), chips, x, out
 
 
 def leave_group_out(runs: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
@@ -159,14 +169,14 @@ def leave_group_out(runs: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
     absolute percentage error and the signed `log_ratio` log(pred/measured) (NaN where the
     model refuses the row); and what places the row in an error regime (training.spread): its
     resolved tp, cp, pp, dp, zero, GPUs per node, predicted peak memory and capacity (memory
-    needs no time constant, so the shipped ones give it), with one boolean per regime."""
+    needs no time constant, so the refit gives it), with one boolean per regime."""
     measured = measured_throughput(runs)
     parts = []
     for group in groups:
         train = runs[runs["fit_set"] & (runs["source_group"] != group)]
         constants, _, _ = fit_time_constants(train, neutral_start())
         test = runs[(runs["source_group"] == group) & (runs["status"] == "ok") & measured.notna()]
-        pred, chips = predict_with(test, constants)
+        pred, chips, x, out = _predicted(test, constants)
         ratio = (pred / measured[test.index]).to_numpy(float)
         with np.errstate(all="ignore"):
             log_ratio = np.log(ratio)
@@ -182,7 +192,7 @@ def leave_group_out(runs: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
                             "log_ratio": log_ratio,
                         }
                     ),
-                    _regime_columns(test),
+                    _regime_columns(x, out, len(test)),
                 ],
                 axis=1,
             )
@@ -190,20 +200,16 @@ def leave_group_out(runs: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def _regime_columns(test: pd.DataFrame) -> pd.DataFrame:
-    """The layout and memory columns spread.regimes reads, for `test`'s rows as resolved, and
-    the regime flags themselves."""
-    rows, _ = read_resolved(test.reset_index(drop=True))
-    x = rows.inputs()
-    n = len(test)
-    with np.errstate(all="ignore"):
-        mem = evaluate(x)
+def _regime_columns(x: CostInputs, out: dict[str, np.ndarray], n: int) -> pd.DataFrame:
+    """The layout and memory columns spread.regimes reads, for `n` rows as resolved and
+    predicted (memory needs no time constant, so the refit's predictions give it), and the
+    regime flags themselves."""
     cols = {
         name: np.broadcast_to(np.asarray(getattr(x, name), float), n)
         for name in ("tp", "cp", "pp", "dp", "zero", "gpus_per_node")
     }
     for name in ("pred_peak_mem_gb", "mem_capacity_gb"):
-        cols[name] = np.broadcast_to(np.asarray(mem[name], float), n)
+        cols[name] = np.broadcast_to(np.asarray(out[name], float), n)
     frame = pd.DataFrame(cols)
     return pd.concat([frame, spread.regimes(frame, frame["gpus_per_node"])], axis=1)
 

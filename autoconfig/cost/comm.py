@@ -29,8 +29,8 @@ class Link:
 
     bandwidth: Col
     latency: Col
-    # 1 where the group stays inside the NVLink domain (its collectives are looked up in the
-    # chip's measured NCCL table, `x`'s); None where no table applies
+    # where the group stays inside the NVLink domain, whose collectives are looked up in the
+    # measured NCCL tables of `x`'s rows (links built by hand carry neither)
     intra: Col | None = None
     x: CostInputs | None = None
 
@@ -44,7 +44,7 @@ def group_link(x: CostInputs, size: Col, stride: Col) -> Link:
     return Link(
         np.where(intra, nvlink, network),
         np.where(intra, x.lat_intra_s, x.lat_inter_s),
-        intra if x.kernels else None,
+        intra,
         x,
     )
 
@@ -53,9 +53,9 @@ def _measured(op: str, nbytes: Col, size: Col, link: Link, modelled: Col) -> Col
     """`modelled`, or inside an NVLink domain the chip's measured NCCL time for `op` (NCCL's
     own choice of ring or tree, protocol and channels at that size, nccl-tests' whole-buffer
     convention)."""
-    if link.intra is None or link.x is None or not np.any(link.intra):
-        return modelled
     x = link.x
+    if x is None or link.intra is None or not x.kernels or not np.any(link.intra):
+        return modelled
     measured = kernel_time.collective_time(x.kernels, x.kernel_chip, op, size, nbytes)
     if measured is None:
         return modelled

@@ -130,7 +130,7 @@ def _op_times(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col]:
         eff = np.where(x.flash > 0, x.eff_attention, x.eff_gemm)
         fwd = flops / (x.peak_bf16_flops * eff)
         if op.name == "attention":
-            measured = _measured_attention(x, flops)
+            measured = _measured_attention(x, flops, fwd)
             if measured is not None:
                 return measured
         return fwd, op.bwd_factor * fwd
@@ -203,10 +203,11 @@ def _fallback_gemm(x: CostInputs, op: Op, tokens: Col, missing: Col) -> tuple[Co
     return _op_times(replace(x, kernels=kernel_time.NO_KERNELS), op, tokens)
 
 
-def _measured_attention(x: CostInputs, flops: Col) -> tuple[Col, Col] | None:
+def _measured_attention(x: CostInputs, flops: Col, modelled: Col) -> tuple[Col, Col] | None:
     """Causal flash attention from the chip's measured forward kernels: its micro-batch's
     sequences times the rank's heads run in parallel over seq/cp queries each (ring attention
-    works on cp blocks); backward ATTENTION_BACKWARD_OVER_FORWARD times the forward."""
+    works on cp blocks); backward ATTENTION_BACKWARD_OVER_FORWARD times the forward. Rows
+    without a table, or without flash attention, keep the `modelled` forward (2.5x backward)."""
     head_dim = x.head_dim + np.where(x.kv_lora > 0, x.rope_dim, 0.0)
     pairs = x.mbs * x.heads / x.tp
     eff = kernel_time.attention_efficiency(
@@ -216,8 +217,7 @@ def _measured_attention(x: CostInputs, flops: Col) -> tuple[Col, Col] | None:
         return None
     fwd = flops / (x.peak_bf16_flops * eff)
     measured = (x.flash > 0) & np.isfinite(fwd)
-    fallback = flops / (x.peak_bf16_flops * np.where(x.flash > 0, x.eff_attention, x.eff_gemm))
-    fwd = np.where(measured, fwd, fallback)
+    fwd = np.where(measured, fwd, modelled)
     bwd = np.where(measured, kernel_time.ATTENTION_BACKWARD_OVER_FORWARD, 2.5) * fwd
     return fwd, bwd
 
