@@ -12,18 +12,20 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from autoconfig import catalog, checks, frameworks, layout
-from autoconfig.columns import Behaviour, Hardware, training_inputs
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError, pydantic_message
+from autoconfig.columns import frameworks
+from autoconfig.columns.build import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, CostInputs, comm, evaluate
 from autoconfig.cost.inputs import busiest_rank_layers
-from autoconfig.errors import UserError, pydantic_message
-from autoconfig.frame import with_predictions
-from autoconfig.resolve import RESOLVED, as_framework_would, auto_settings, read_resolved
-from autoconfig.specs import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
-from autoconfig.training import batch
-from autoconfig.training import run as search_run
-from autoconfig.training.result import SearchResult
-from autoconfig.vocab import Batching
+from autoconfig.layout_search import batch
+from autoconfig.layout_search import run as search_run
+from autoconfig.layout_search.result import SearchResult
+from autoconfig.rows.resolve import RESOLVED, as_framework_would, auto_settings, read_resolved
+from autoconfig.rows.training import with_predictions
+from autoconfig.spec import catalog, layout
+from autoconfig.spec.schema import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
+from autoconfig.spec.vocab import Batching
 
 if TYPE_CHECKING:
     from autoconfig.serve.result import ServingResult
@@ -39,7 +41,7 @@ def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
     Returns the input columns followed by the pred_* columns, the memory and time breakdowns,
     `error` ('' for rows that were estimated; the reason otherwise, with blank predictions),
     and the `resolved_*` values: a setting the row leaves unknown (zero, recompute, sp, vp,
-    etp) is the fastest choice its framework can run that fits (autoconfig.resolve).
+    etp) is the fastest choice its framework can run that fits (autoconfig.rows.resolve).
     """
     resolved_columns = [f"resolved_{d}" for d in RESOLVED]
     if runs.empty:
@@ -89,8 +91,8 @@ def estimate(
     layout run by `framework` (what it overlaps and fuses; a layout it cannot run is refused).
     Settings named in `auto` (zero, recompute, sp, vp) are chosen as the framework would run
     them: the fastest choice it can run that fits, else the one needing the least memory
-    (autoconfig.resolve); `auto` in the result names them.
-    Without `gbs` the batch follows the search's rule (training/batch.py) rounded to a multiple
+    (autoconfig.rows.resolve); `auto` in the result names them.
+    Without `gbs` the batch follows the search's rule (layout_search/batch.py) rounded to a multiple
     of dp*mbs; `gbs_rule` says which. `mem_limit_gb` is the capacity less `memory_headroom`,
     at most `max_memory_gb`; `pred_fits` compares the peak with it.
 

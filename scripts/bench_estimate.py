@@ -3,7 +3,8 @@
     python scripts/bench_estimate.py [--n 1000000] [--model gpt3-175b] [--gpu h100-sxm-80gb]
 
 Builds N layouts of one model (random dp/tp/pp/vp/cp/mbs/recompute/zero, 1,024-GPU scale) as
-cost-model columns (autoconfig.columns) and times `autoconfig.cost.evaluate` over all of them at
+cost-model columns (autoconfig.columns.build) and times `autoconfig.cost.evaluate` over all of
+them at
 once, best of 3.
 """
 
@@ -16,9 +17,9 @@ import time
 import numpy as np
 import pandas as pd
 
-from autoconfig import catalog
-from autoconfig.columns import Hardware, training_inputs
+from autoconfig.columns.build import Hardware, training_inputs
 from autoconfig.cost import evaluate
+from autoconfig.spec import catalog
 
 
 def layouts(n: int, seed: int = 0) -> pd.DataFrame:

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autoconfig import catalog
 from autoconfig.cost.timing import wave_utilization
+from autoconfig.spec import catalog
 
 # (label, tokens, k, n): a linear layer of k inputs and n outputs over `tokens` tokens.
 GEMM_SHAPES = [

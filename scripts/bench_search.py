@@ -13,10 +13,11 @@ import subprocess
 import sys
 import time
 
-from autoconfig import catalog, search
-from autoconfig.columns import Hardware, training_inputs
+from autoconfig import search
+from autoconfig.columns.build import Hardware, training_inputs
 from autoconfig.cost import evaluate
-from autoconfig.training.space import enumerate_candidates, load_space
+from autoconfig.layout_search.space import enumerate_candidates, load_space
+from autoconfig.spec import catalog
 
 CASES = [("gpt3-175b", 1024), ("llama3-405b", 16384), ("mixtral-8x22b", 512)]
 

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoconfig.micro_batches import step_line
+from autoconfig.calibrate.micro_batches import step_line
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.prediction import predicted
 

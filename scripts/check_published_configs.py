@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from autoconfig import api
-from autoconfig.frame import read_training_rows
-from autoconfig.training.space import load_space
-from autoconfig.validation import load_training_runs, measured_throughput
+from autoconfig.calibrate.validation import load_training_runs, measured_throughput
+from autoconfig.layout_search.space import load_space
+from autoconfig.rows.training import read_training_rows
 
 GROUPS = (
     "Megatron-LM 2021 Table 1 (A100)",

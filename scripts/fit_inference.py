@@ -9,7 +9,8 @@ fixed third of that chip's published inference points.
 one and two ranks, a fit workload of its own: other lengths and seeds than the goodput check in
 docs/inference.md) and fits cpu-gloo's constants to the time of every iteration it ran.
 
-Fitted rows: those whose sha256(run_id) % 3 == 0 (autoconfig.serve.validation), of engines with
+Fitted rows: those whose sha256(run_id) % 3 == 0 (autoconfig.calibrate.serving_validation), of
+engines with
 fused kernels; scripts/validate_inference.py reports the other rows apart. Static rows are
 fitted on their end-to-end latency, continuous (in-flight) rows on their max-load output
 tokens/s per GPU. The constants are shared by every GPU of the chip; a chip with no rows of
@@ -27,11 +28,12 @@ import pandas as pd
 import yaml
 from scipy.optimize import least_squares
 
-from autoconfig import catalog, resources
+from autoconfig.base import resources
+from autoconfig.calibrate.serving_validation import load_inference_runs
 from autoconfig.cost.inference import evaluate_serving
 from autoconfig.cost.max_load import evaluate_max_load
-from autoconfig.serve.frame import read_serving_rows
-from autoconfig.serve.validation import load_inference_runs
+from autoconfig.rows.serving import read_serving_rows
+from autoconfig.spec import catalog
 
 # name: (start, lower, upper, scale to the ServeInputs column)
 PARAMS = {
@@ -153,7 +155,7 @@ def measure_cpu(folder: Path) -> list[dict]:
 
 def fit_cpu(runs: list[dict]) -> tuple[dict[str, float], float, int]:
     """cpu-gloo's constants from the measured iterations (time of each, log error)."""
-    from autoconfig.columns import serving_inputs
+    from autoconfig.columns.build import serving_inputs
     from autoconfig.cost.serving_sim import _round
     from autoconfig.cost.serving_step import step_model
 

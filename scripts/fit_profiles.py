@@ -5,7 +5,8 @@
     python scripts/fit_profiles.py --save fit.json         # also keep what was fitted
     python scripts/fit_profiles.py --apply fit.json        # write a kept fit, no refit
 
-The calibration subset is fixed: rows whose sha256(run_id) % 3 == 0 (autoconfig.validation.
+The calibration subset is fixed: rows whose sha256(run_id) % 3 == 0
+(autoconfig.calibrate.validation.
 in_fit_set); scripts/validate_published.py reports errors on the other two thirds separately.
 """
 
@@ -18,16 +19,20 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from autoconfig import resources
-from autoconfig.fit import fit_memory
-from autoconfig.frame import read_training_rows
-from autoconfig.leave_out import (
+from autoconfig.base import resources
+from autoconfig.calibrate.fit import fit_memory
+from autoconfig.calibrate.leave_out import (
     FALLBACK_CHIP,
     SHARED_CONSTANTS,
     fit_time_constants,
     neutral_start,
 )
-from autoconfig.validation import THROUGHPUT_APART, load_training_runs, measured_throughput
+from autoconfig.calibrate.validation import (
+    THROUGHPUT_APART,
+    load_training_runs,
+    measured_throughput,
+)
+from autoconfig.rows.training import read_training_rows
 
 
 def fitted() -> dict:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoconfig import resources
-from autoconfig.serve import validation as v
+from autoconfig.base import resources
+from autoconfig.calibrate import serving_validation as v
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -75,7 +75,8 @@ def main() -> None:
                 f"{fitted_inflight} TensorRT-LLM in-flight points between them; 'held-out' rows "
                 "were not fitted on. No per-source or per-framework factor: facts about the "
                 "runs (their K/V-cache format, memory fraction, block size and runtime limits) "
-                "enter as inputs (`autoconfig/serve/validation.py`). Megatron-LM's reference "
+                "enter as inputs (`autoconfig/calibrate/serving_validation.py`). Megatron-LM's "
+                "reference "
                 "text-generation server is reported but not fitted: the model describes an "
                 "engine with fused kernels, and that server is 1.2-4x slower than "
                 "FasterTransformer on the same GPT-89B points.",

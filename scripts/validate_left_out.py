@@ -5,10 +5,11 @@
 For each source group whose throughput the targets count (the Ultra-Scale Playbook apart, as
 in scripts/validate_published.py), the shared time constants are refitted on the other
 groups' rows of the calibration third, and every completed, measured row of the group is
-predicted with them (`autoconfig.leave_out`). The shipped fit and the constant-MFU guess are
+predicted with them (`autoconfig.calibrate.leave_out`). The shipped fit and the constant-MFU guess
+are
 beside. The left-out signed errors, by error regime with each group weighted once, and the
 measured peak-memory error go to autoconfig/report/assets/left_out_spread.json: the spread
-and memory-risk line every ranking carries (autoconfig.training.spread).
+and memory-risk line every ranking carries (autoconfig.layout_search.spread).
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoconfig import resources
-from autoconfig import validation as v
-from autoconfig.leave_out import leave_group_out, left_out_table
+from autoconfig.base import resources
+from autoconfig.calibrate import validation as v
+from autoconfig.calibrate.leave_out import leave_group_out, left_out_table
+from autoconfig.layout_search import spread
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.prediction import predicted
-from autoconfig.training import spread
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "validation_left_out.md"
@@ -119,7 +120,7 @@ def _spread_asset(spreads: dict[str, dict], memory: dict) -> dict:
     return {
         "generated_by": "python scripts/validate_left_out.py",
         "quantity": "log(pred/measured) of tokens/s/GPU, each source group predicted by time "
-        "constants fitted without it (autoconfig.leave_out.leave_group_out)",
+        "constants fitted without it (autoconfig.calibrate.leave_out.leave_group_out)",
         "weighting": "each source group weighs once in every quantile: a row counts "
         "1 / (its group's rows in the regime)",
         "levels": list(spread.LEVELS),
@@ -193,14 +194,16 @@ def _document(
             "The shipped constants (docs/validation.md) were fitted on a fixed third of every "
             "source group, so even a group's held-out rows come from a stack, a cluster and a "
             "way of measuring the fit has seen. Here the time constants that stay fitted "
-            "(`autoconfig.leave_out.SHARED_CONSTANTS`: memory share, kernel launch, bus shares "
+            "(`autoconfig.calibrate.leave_out.SHARED_CONSTANTS`: memory share, kernel launch, bus "
+            "shares "
             "and latencies, step overhead; one value for every GPU) are refitted on the other "
             "groups' rows of that third alone, and all of the group's completed, measured rows "
             "are predicted with them: the nearest this data comes to a published run the "
             "project does not ship. GEMMs, flash attention and collectives inside a node come "
             "from each GPU's measured kernel tables and are not fitted (docs/model.md). "
             "Each refit starts from the middle of every constant's physical range "
-            "(`autoconfig.fit.TIME_PARAMS`; memory within what the H100's single-pass kernels "
+            "(`autoconfig.calibrate.fit.TIME_PARAMS`; memory within what the H100's single-pass "
+            "kernels "
             "reached), as the shipped fit (`scripts/fit_profiles.py`) does. "
             "The memory constants stay the shipped ones, and a row's unknown settings are "
             "still resolved as the fastest that fits under the shipped time constants. "

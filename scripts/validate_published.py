@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoconfig import resources
-from autoconfig import validation as v
-from autoconfig.micro_batches import micro_batch_lines, micro_batch_summary
+from autoconfig.base import resources
+from autoconfig.calibrate import validation as v
+from autoconfig.calibrate.micro_batches import micro_batch_lines, micro_batch_summary
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
 
@@ -158,7 +158,8 @@ def main() -> None:
                 "three or more micro-batch sizes spanning 4x or more process the same tokens "
                 "per step at each size; a line through step time against the number of "
                 "micro-batches gives what each micro-batch costs whatever its size "
-                "(`autoconfig.micro_batches`). *Stall-bound*: a line with R^2 >= 0.95 whose "
+                "(`autoconfig.calibrate.micro_batches`). *Stall-bound*: a line with R^2 >= 0.95 "
+                "whose "
                 "fixed cost is at least half the step at the smallest micro-batch. The "
                 "model's line over the same layouts is beside: what it charges per micro-batch "
                 "(kernel launches, collective latencies) against what the runs paid.",
@@ -175,7 +176,8 @@ def main() -> None:
                 "higher (sharded over no more data-parallel ranks when both shard), and at "
                 "least as many micro-batch-layers alive on the first stage under "
                 "both 1F1B and all-forward-all-backward, everything else equal "
-                "(`autoconfig.validation.dominated_failures`). Such a failure has another cause "
+                "(`autoconfig.calibrate.validation.dominated_failures`). Such a failure has "
+                "another cause "
                 "(a hang, a launch or network error); no memory model can flag it without "
                 "flagging the run that ran, so *reachable* is the most any memory model can "
                 "score on failed runs while every run that ran is predicted to fit. Settings "
@@ -189,7 +191,7 @@ def main() -> None:
                 "",
                 "Absolute percentage error of the predicted peak, both in GiB: the table's "
                 "decimal GB are read back in GiB, except the Playbook's, which nanotron logs in "
-                "GiB already (`autoconfig.validation.peak_memory_gib`).",
+                "GiB already (`autoconfig.calibrate.validation.peak_memory_gib`).",
                 "",
                 mem.round(1).to_markdown(index=False),
                 "",
@@ -199,7 +201,8 @@ def main() -> None:
                 "mbs, gbs, sequence, precision, recompute): measured twice with the same ZeRO "
                 "stage, or once with ZeRO-0 and once with ZeRO-1, whose runs differ only in "
                 "their data-parallel communication and optimizer step "
-                "(`autoconfig.validation.repeat_spread`); the twins again for the unpipelined "
+                "(`autoconfig.calibrate.validation.repeat_spread`); the twins again for the "
+                "unpipelined "
                 "and the pipelined layouts apart, with the signed median ZeRO-0 / ZeRO-1. A "
                 "pair more than 1.5x apart cannot both lie within +-20% of one prediction.",
                 "",

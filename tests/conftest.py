@@ -81,7 +81,7 @@ def inputs():
 @pytest.fixture
 def reference():
     """The published measurements, or a skip saying they are not beside this checkout."""
-    from autoconfig.validation import reference_dir
+    from autoconfig.calibrate.validation import reference_dir
 
     found = reference_dir()
     if found is None:

@@ -14,10 +14,11 @@ import sys
 import numpy as np
 from hypothesis import settings
 
-from autoconfig import catalog, kernel_index
 from autoconfig.cli.app import execute
-from autoconfig.columns import Behaviour, Hardware, hardware_columns, model_columns
+from autoconfig.columns import kernel_index
+from autoconfig.columns.build import Behaviour, Hardware, hardware_columns, model_columns
 from autoconfig.cost import CostInputs
+from autoconfig.spec import catalog
 
 DEFAULT_LAYOUT = {
     "dp": 1,

@@ -4,100 +4,80 @@ every exporter (so a new dimension cannot be half-wired)."""
 
 from __future__ import annotations
 
-import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: import-linter brings tomli
+    import tomli as tomllib  # type: ignore[no-redef]
 
 import numpy as np
 import pytest
 
-from autoconfig import api, layout
-from autoconfig.catalog import get_gpu, get_model
-from autoconfig.columns import Hardware, training_inputs
-from autoconfig.errors import UserError
+from autoconfig import api
+from autoconfig.base.errors import UserError
+from autoconfig.columns.build import Hardware, training_inputs
 from autoconfig.report import exports
+from autoconfig.spec import layout
+from autoconfig.spec.catalog import get_gpu, get_model
+from autoconfig.spec.vocab import Framework
 from autoconfig.trainer.config import TrainConfig, config_from_search_row
-from autoconfig.vocab import Framework
 
-PACKAGE = Path(__file__).resolve().parent.parent / "autoconfig"
-
-# Bottom to top. A module may import its own room (package or module) and anything on a lower
-# floor, never a room on its own floor or above.
-FLOORS: list[set[str]] = [
-    {"errors", "resources", "intmath"},
-    {"vocab", "checks", "fileio", "folderlock"},
-    {"layout", "machine"},
-    {"cost"},
-    {"specs", "kernel_catalog"},
-    {"catalog"},
-    {"kernel_index"},
-    {"columns", "fit"},
-    {"frameworks"},
-    {"frame"},
-    {"resolve", "training", "trainer"},
-    {"validation", "micro_batches"},
-    {"serve", "leave_out"},
-    {"measure"},
-    {"api"},
-    {"plan", "compare"},
-    {"report"},
-    {"cli"},
-]
-FLOOR = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "autoconfig"
+TOP_LEVEL = {"__init__", "api"}  # the public API: the lazy re-export and its floor of its own
 
 
-def _room(path: Path) -> str:
-    rel = path.relative_to(PACKAGE)
-    return rel.parts[0].removesuffix(".py")
+def _layers() -> list[str]:
+    """The import-linter contract's floors, top to bottom, each room by name."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = config["contracts"]
+    return [room.strip() for floor in contract["layers"] for room in floor.split("|")]
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, imported autoconfig room) of every import in a file, in functions too."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        names: list[str] = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        rooms = {
-            parts[1]
-            for parts in (name.split(".") for name in names)
-            if parts[0] == "autoconfig" and len(parts) > 1 and parts[1] in FLOOR
-        }
-        out += [(node.lineno, room) for room in sorted(rooms)]
-    return out
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    lint = Path(sys.executable).with_name("lint-imports")
+    command = [str(lint)] if lint.exists() else [sys.executable, "-m", "importlinter.cli"]
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
 
 
 def test_every_room_has_a_floor() -> None:
-    rooms = {_room(p) for p in PACKAGE.rglob("*.py")} - {"__init__"}
-    rooms |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert rooms <= set(FLOOR), f"add these to FLOORS: {sorted(rooms - set(FLOOR))}"
-
-
-def _upward(path: Path, room: str) -> list[str]:
-    """The imports in `path` (a module of `room`) that reach its own floor or above."""
-    return [
-        f"{path}:{line} -> autoconfig.{target}"
-        for line, target in _imports(path)
-        if target != room and FLOOR[target] >= FLOOR[room]
-    ]
+    rooms = {p.stem for p in PACKAGE.glob("*.py")} | {
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()
+    }
+    missing = rooms - set(_layers()) - {"__init__"}
+    assert missing == set(), f"add these to the import-linter layers: {sorted(missing)}"
+    loose = {p.stem for p in PACKAGE.glob("*.py")} - TOP_LEVEL
+    assert loose == set(), f"modules loose at the package root: {sorted(loose)}"
 
 
 def test_imports_point_down() -> None:
-    upward = []
-    for path in PACKAGE.rglob("*.py"):
-        room = _room(path)
-        if room != "__init__":  # the package's lazy public API sits above everything
-            upward += _upward(path, room)
-    assert not upward, "imports that run back up:\n" + "\n".join(sorted(upward))
+    """import-linter's layers contract in pyproject.toml holds (function-level imports too)."""
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_layering_check_sees_an_import_that_runs_back_up(tmp_path: Path) -> None:
-    module = tmp_path / "memory.py"  # as if in autoconfig/cost/
-    module.write_text("import numpy\n\n\ndef f():\n    from autoconfig.api import search\n")
-    assert _upward(module, "cost") == [f"{module}:5 -> autoconfig.api"]
-    module.write_text("from autoconfig.cost import evaluate\nfrom autoconfig import layout\n")
-    assert _upward(module, "cost") == []
+    package = tmp_path / "house"
+    for floor in ("high", "low"):
+        (package / floor).mkdir(parents=True)
+        (package / floor / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "low" / "memory.py").write_text(
+        "import json\n\n\ndef f():\n    from house.high import x\n"
+    )
+    (package / "high" / "x.py").write_text("from house.low import memory\n")
+    (tmp_path / ".importlinter").write_text(
+        "[importlinter]\nroot_package = house\n\n[importlinter:contract:floors]\n"
+        "name = floors\ntype = layers\ncontainers = house\nlayers =\n    high\n    low\n"
+    )
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "house.low.memory -> house.high.x" in result.stdout
 
 
 # -- every dimension is wired through --------------------------------------------------------
@@ -162,3 +142,12 @@ def test_dimension_is_declared_for_every_exporter(name: str, framework: Framewor
             assert all(exports.refuses(framework, n, row[n]) for n in named), str(exc)
         else:
             assert text
+
+
+def test_no_room_shadows_a_public_name() -> None:
+    """`autoconfig.search` is the API's function: a subpackage of the same name would replace it
+    as the package attribute once anything imported the subpackage."""
+    import autoconfig
+
+    rooms = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir()}
+    assert set(autoconfig.__all__) & rooms == set()

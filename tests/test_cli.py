@@ -13,7 +13,7 @@ import typer
 from helpers import assert_user_error
 from helpers import run_cli as run
 
-from autoconfig import validation
+from autoconfig.calibrate import validation
 from autoconfig.cli.app import COMMAND_MODULES, register
 
 ESTIMATE = [

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from helpers import make_inputs
 
-from autoconfig import catalog
 from autoconfig.cost import comm, evaluate, kernel_time
 from autoconfig.cost.flops import model_flops_per_token
 from autoconfig.cost.kernel_time import NO_KERNELS
 from autoconfig.cost.layer import layer_ops, mlp_ops, op_level_sac_bytes
 from autoconfig.cost.memory import in_flight, layer_activation_bytes, state_bytes
 from autoconfig.cost.timing import _fwd_bwd, _op_time, _op_times, step_time, wave_utilization
+from autoconfig.spec import catalog
 
 S, B = 2048, 1
 H, A = 12288, 96  # GPT-3 175B
@@ -401,7 +401,7 @@ def test_a_framework_that_reduces_every_micro_batch_pays_each_reduction(zero: in
     """Where the framework reduces gradients in every micro-batch's backward (FSDP, DeepSpeed's
     ZeRO-2), each of the m reductions shows what its backward does not hide; elsewhere only the
     last one does. A pipeline schedule reduces once a step either way."""
-    from autoconfig.columns import reduce_bits
+    from autoconfig.columns.build import reduce_bits
 
     m = 8
     # a 70B stage over 32 nodes, one GPU of each in the DP group: its reduction outlasts a
@@ -441,7 +441,7 @@ def test_a_reduction_after_the_whole_backward_hides_behind_none_of_it(zero: int)
     (torch.distributed.pipelining, DeepSpeed's pipeline engine) pays it whole; Megatron-style
     reduction inside the last backward hides behind it. Without a pipeline the other bits
     decide (the bundled trainer's ZeRO-1 reduces in its optimizer step)."""
-    from autoconfig.columns import reduce_bits
+    from autoconfig.columns.build import reduce_bits
 
     bits = reduce_bits([zero])
 

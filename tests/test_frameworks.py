@@ -11,7 +11,10 @@ import pandas as pd
 import pytest
 from helpers import assert_user_error, make_inputs, run_cli
 
-from autoconfig import api, catalog, frameworks, layout
+from autoconfig import api
+from autoconfig.base.errors import UserError
+from autoconfig.calibrate.validation import load_training_runs
+from autoconfig.columns import frameworks
 from autoconfig.cost import evaluate
 from autoconfig.cost.inputs import (
     busiest_rank_layers,
@@ -22,12 +25,11 @@ from autoconfig.cost.inputs import (
 from autoconfig.cost.layer import head_ops
 from autoconfig.cost.memory import in_flight, memory
 from autoconfig.cost.timing import _fwd_bwd, step_time
-from autoconfig.errors import UserError
 from autoconfig.report import exports
-from autoconfig.resolve import read_resolved
-from autoconfig.specs import FrameworkSpec
+from autoconfig.rows.resolve import read_resolved
+from autoconfig.spec import catalog, layout
+from autoconfig.spec.schema import FrameworkSpec
 from autoconfig.trainer.config import TrainConfig
-from autoconfig.validation import load_training_runs
 
 
 def test_megatron_search_never_proposes_zero2_or_fsdp_with_pipelining() -> None:

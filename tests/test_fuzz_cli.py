@@ -22,8 +22,8 @@ from helpers import fuzz_examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoconfig import catalog
 from autoconfig.cli.app import execute
+from autoconfig.spec import catalog
 
 # Each command's draws in the thorough Hypothesis profile ("dev"): together over 5,000
 # invocations, about 20 minutes on 2 shared cores. The profile loaded (tests/conftest.py) scales
@@ -36,9 +36,7 @@ def fuzz(command: str):
     """A test of `command` from `body`, with its share of draws under the loaded profile."""
 
     def made(body):
-        return settings(max_examples=fuzz_examples(EXAMPLES[command]))(
-            given(data=st.data())(body)
-        )
+        return settings(max_examples=fuzz_examples(EXAMPLES[command]))(given(data=st.data())(body))
 
     return made
 

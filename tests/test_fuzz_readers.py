@@ -15,11 +15,12 @@ from helpers import fuzz_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoconfig import api, checks
-from autoconfig.catalog import _HF_KEYS, model_from_hf_config
+from autoconfig import api
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError
+from autoconfig.base.fileio import csv_text
 from autoconfig.cli.options import read_csv
-from autoconfig.errors import UserError
-from autoconfig.fileio import csv_text
+from autoconfig.spec.catalog import _HF_KEYS, model_from_hf_config
 
 # Draws per test are their counts in the thorough Hypothesis profile ("dev"), scaled by the
 # profile loaded (tests/conftest.py; helpers.fuzz_examples); the rest of the settings come from

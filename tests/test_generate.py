@@ -62,7 +62,7 @@ def test_tensor_parallel_generation_matches_one_rank(tmp_path: Path) -> None:
 
 
 def test_generator_refuses_what_it_cannot_run() -> None:
-    from autoconfig.errors import UserError
+    from autoconfig.base.errors import UserError
 
     with pytest.raises(UserError, match=r"^pp: the bundled generator runs tensor parallelism"):
         make_config(model="tiny-llama", task="generate", pp=2, input_len=8, output_len=4)

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoconfig import catalog
+from autoconfig.calibrate.micro_batches import step_line
 from autoconfig.cost.timing import wave_utilization
 from autoconfig.measure.calibrate import Trial, fit_trials
-from autoconfig.micro_batches import step_line
+from autoconfig.spec import catalog
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.prediction import predicted
 

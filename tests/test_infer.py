@@ -12,7 +12,7 @@ from helpers import assert_user_error
 from helpers import run_cli as run
 
 from autoconfig import api
-from autoconfig.errors import UserError
+from autoconfig.base.errors import UserError
 
 LLAMA = dict(
     model="llama2-70b",

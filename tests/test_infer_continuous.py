@@ -142,7 +142,11 @@ def test_bad_input_is_one_line(args: list[str], needles: tuple[str, ...]) -> Non
 def test_published_inflight_accuracy(reference: Path) -> None:
     """The max-load model on TensorRT-LLM's published points: the issue's targets, the
     held-out third apart."""
-    from autoconfig.serve.validation import inflight_table, load_inference_runs, predictions
+    from autoconfig.calibrate.serving_validation import (
+        inflight_table,
+        load_inference_runs,
+        predictions,
+    )
 
     table = inflight_table(predictions(load_inference_runs())).set_index("group")
     for group in ("ALL", "held-out (not fitted)"):

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autoconfig.calibrate.leave_out import MEASURED_RANGES
+from autoconfig.columns.kernel_catalog import kernel_tables
 from autoconfig.cost.kernel_tables import grid_lookup
 from autoconfig.cost.kernel_time import ATTENTION_BACKWARD_OVER_FORWARD, TRAINING_OVER_TABLE
-from autoconfig.kernel_catalog import kernel_tables
-from autoconfig.leave_out import MEASURED_RANGES
 
 MEASURED = Path(__file__).resolve().parents[1] / "docs" / "measured"
 STARTS = ["h100_kernels.json", "h100_kernels_first_run.json"]  # two machine starts

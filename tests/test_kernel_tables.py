@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from autoconfig.columns.kernel_catalog import kernel_chips, kernel_tables, kernels_folder
 from autoconfig.cost.kernel_tables import (
     Grid,
     KernelTables,
@@ -22,7 +23,6 @@ from autoconfig.cost.kernel_tables import (
     gemm_seconds,
     grid_lookup,
 )
-from autoconfig.kernel_catalog import kernel_chips, kernel_tables, kernels_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "autoconfig" / "profiles" / "kernels"

@@ -8,16 +8,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoconfig import catalog, fit, leave_out
-from autoconfig.fit import GEMM_CLASSES, TIME_PARAMS
-from autoconfig.leave_out import (
+from autoconfig.calibrate import fit, leave_out
+from autoconfig.calibrate.fit import GEMM_CLASSES, TIME_PARAMS
+from autoconfig.calibrate.leave_out import (
     constants_for_chips,
     leave_group_out,
     left_out_table,
     neutral_start,
     predict_with,
 )
-from autoconfig.specs import GPUSpec, MeasuredRange
+from autoconfig.spec import catalog
+from autoconfig.spec.schema import GPUSpec, MeasuredRange
 
 LAYOUTS = [(1, 8, 1), (2, 4, 1), (4, 2, 2), (8, 1, 4)]  # tp, dp, micro-batch
 

@@ -9,14 +9,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from autoconfig import api, catalog, layout
-from autoconfig.errors import UserError
+from autoconfig import api
+from autoconfig.base.errors import UserError
 from autoconfig.measure import calibrate, summary
 from autoconfig.measure.candidates import build
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.measure.runner import memory_verdict
 from autoconfig.measure.sampler import CandidateSampler, distributions
 from autoconfig.measure.study import enqueue_top, open_storage, open_study
+from autoconfig.spec import catalog, layout
 from autoconfig.trainer.metrics import RunMetrics
 
 OVERRIDES = {"steps": 3, "warmup": 1, "device": "cpu", "gpu": "cpu-gloo"}
@@ -194,9 +195,9 @@ def test_a_ranks_own_failure_survives_the_cut_of_a_long_message(tmp_path) -> Non
     with long gloo messages. The run's message is cut at 2,000 characters: the cause and the
     lost rank come first, so the crash is not taken for a rank lost from outside."""
     from autoconfig.measure.outcome import Outcome, lost_a_rank, message_parts
+    from autoconfig.spec.vocab import FailureClass
     from autoconfig.trainer.assemble import assemble
     from autoconfig.trainer.config import TrainConfig
-    from autoconfig.vocab import FailureClass
 
     peer = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Connection closed by peer " + "x" * 200
     messages = {r: peer for r in range(16) if r not in (3, 12)}

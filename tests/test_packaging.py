@@ -55,7 +55,7 @@ def test_installed_wheel_searches_serves_and_lists_outside_the_checkout(tmp_path
             list(args), cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
         )
 
-    where = run(str(python), "-c", "import autoconfig.catalog as c; print(c.__file__)")
+    where = run(str(python), "-c", "import autoconfig.spec.catalog as c; print(c.__file__)")
     assert where.stdout.startswith(str(site)), where.stdout + where.stderr
 
     search = run(str(cli), "search", "--model", "gpt3-175b", "--gpus", "1024", "--out", "out")

@@ -9,12 +9,13 @@ import pytest
 import typer
 from helpers import assert_user_error, run_cli
 
-from autoconfig import api, layout
-from autoconfig import compare as judge
-from autoconfig import plan as planning
+from autoconfig import api
+from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults, register
-from autoconfig.errors import UserError
-from autoconfig.training import batch
+from autoconfig.layout_search import batch
+from autoconfig.layout_search import compare as judge
+from autoconfig.layout_search import plan as planning
+from autoconfig.spec import layout
 
 
 def test_plan_finds_the_fewest_gpus_of_a_brute_force_loop() -> None:

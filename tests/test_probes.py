@@ -18,10 +18,11 @@ import optuna
 import pandas as pd
 import pytest
 
-from autoconfig import fileio, layout
+from autoconfig.base import fileio
+from autoconfig.base.errors import UserError
+from autoconfig.base.folderlock import LOCK_NAME, folder_lock, holder
 from autoconfig.cli.app import execute
-from autoconfig.errors import UserError
-from autoconfig.folderlock import LOCK_NAME, folder_lock, holder
+from autoconfig.spec import layout
 
 HF = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1000}
 RUNS = "model,layers,hidden,heads,vocab,gpu,num_gpus,tp,pp,gbs,seq_len\n"
@@ -201,7 +202,7 @@ def test_storage_passwords_are_never_echoed(capsys, tmp_path) -> None:
 
 HOLD = """
 import sys, time
-from autoconfig.folderlock import folder_lock
+from autoconfig.base.folderlock import folder_lock
 with folder_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)

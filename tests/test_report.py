@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from autoconfig import api, catalog, resources
+from autoconfig import api
+from autoconfig.base import resources
 from autoconfig.report import files
 from autoconfig.report.html import ACCURACY, training_accuracy_note
 from autoconfig.report.terminal import gpus_table
+from autoconfig.spec import catalog
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

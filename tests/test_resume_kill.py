@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from autoconfig import layout
 from autoconfig.measure.sampler import chosen_layout
+from autoconfig.spec import layout
 
 SEARCH = [
     sys.executable, "-m", "autoconfig.cli", "search", "--model", "tiny-llama", "--gpus", "1",

@@ -20,9 +20,9 @@ import sys
 
 import pytest
 
-from autoconfig import catalog
-from autoconfig.errors import UserError
-from autoconfig.intmath import divisors
+from autoconfig.base.errors import UserError
+from autoconfig.base.intmath import divisors
+from autoconfig.spec import catalog
 from autoconfig.trainer.config import make_config
 from autoconfig.trainer.hostmem import check_fits, need_gb
 

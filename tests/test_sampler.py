@@ -6,8 +6,8 @@ from __future__ import annotations
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from autoconfig import layout
 from autoconfig.measure.sampler import chosen_layout
+from autoconfig.spec import layout
 
 WHOLE = {d: 1 for d in layout.NAMES}
 

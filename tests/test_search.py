@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from helpers import run_cli as run
 
-from autoconfig import api, catalog
-from autoconfig.errors import UserError
+from autoconfig import api
+from autoconfig.base.errors import UserError
+from autoconfig.spec import catalog
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_feasible_rows_fit_and_are_sorted(result, gpt175) -> None:
     feasible = gpt175[gpt175["pruned"] == ""]
     assert len(feasible) == result.feasible > 0
     assert (feasible["pred_peak_mem_gb"] <= feasible["mem_limit_gb"]).all()
-    from autoconfig.training.rank import MEMORY_RISK_RULE, NEAR_TIE, RANK_BY
+    from autoconfig.layout_search.rank import MEMORY_RISK_RULE, NEAR_TIE, RANK_BY
 
     tps = feasible[RANK_BY].to_numpy()
     # best conservative estimate first, except where a tie rule put an equally fast layout
@@ -91,7 +92,7 @@ def test_constraints_narrow_the_result() -> None:
 
 
 def test_near_ties_are_flagged(gpt175) -> None:
-    from autoconfig.training.rank import NEAR_TIE, NEAR_TIE_SOURCE, RANK_BY
+    from autoconfig.layout_search.rank import NEAR_TIE, NEAR_TIE_SOURCE, RANK_BY
 
     feasible = gpt175[gpt175["pruned"] == ""]
     best = feasible[RANK_BY].max()
@@ -104,7 +105,7 @@ def test_near_ties_are_flagged(gpt175) -> None:
 def test_equal_speed_ties_are_broken_by_what_users_prefer() -> None:
     import pandas as pd
 
-    from autoconfig.training.rank import order_ties
+    from autoconfig.layout_search.rank import order_ties
 
     row = {"tp": 4, "cp": 1, "pp": 2, "vp": 1, "pred_tokens_per_s_per_gpu": 1000.0,
            "pred_peak_mem_gb": 40.0, "mem_limit_gb": 80.0}  # fmt: skip
@@ -224,7 +225,7 @@ def test_cli_search_bad_input(args: list[str], needle: str) -> None:
 
 
 def test_interrupted_write_leaves_no_partial_files(tmp_path: Path, monkeypatch) -> None:
-    from autoconfig import fileio
+    from autoconfig.base import fileio
     from autoconfig.report import files
 
     result = api.search("llama3-8b", 16)
@@ -242,7 +243,7 @@ def test_interrupted_write_leaves_no_partial_files(tmp_path: Path, monkeypatch) 
 def test_explanation_names_the_part_that_differs() -> None:
     import pandas as pd
 
-    from autoconfig.training.rank import TIME_PARTS, explain_winner
+    from autoconfig.layout_search.rank import TIME_PARTS, explain_winner
 
     base = {col: 1.0 for col in TIME_PARTS} | {"pruned": "", "pred_peak_mem_gb": 10.0,
             "tp": 4, "cp": 1, "pp": 2, "vp": 1}  # fmt: skip

@@ -7,15 +7,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoconfig import catalog
-from autoconfig.columns import serving_inputs
+from autoconfig.columns.build import serving_inputs
 from autoconfig.cost.inference import serve_time
 from autoconfig.cost.kv_cache import kv_capacity
 from autoconfig.cost.max_load import BOUNDS, max_load
 from autoconfig.cost.serving_sim import Limits, Trace, poisson_arrivals, simulate
 from autoconfig.cost.serving_step import step_model, take
 from autoconfig.serve.disaggregate import _split
-from autoconfig.vocab import GIB
+from autoconfig.spec import catalog
+from autoconfig.spec.vocab import GIB
 
 
 def inputs(model: str = "llama3-70b", gpu: str = "h100-sxm-80gb", **cols):

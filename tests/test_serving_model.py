@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoconfig import catalog
 from autoconfig.cost.inference import (
     _expert_share,
     serve_memory,
@@ -18,10 +17,11 @@ from autoconfig.cost.inference import (
     small_all_reduce,
 )
 from autoconfig.cost.serving_step import step_model
-from autoconfig.frame import model_columns_of
-from autoconfig.serve.frame import read_serving_rows
+from autoconfig.rows.serving import read_serving_rows
+from autoconfig.rows.training import model_columns_of
 from autoconfig.serve.predict import predict_frame
-from autoconfig.vocab import GIB
+from autoconfig.spec import catalog
+from autoconfig.spec.vocab import GIB
 
 
 def points(model: str = "llama2-70b", gpu: str = "a100-sxm-80gb", **cols) -> pd.DataFrame:

@@ -16,9 +16,10 @@ import pytest
 import torch
 from helpers import BASE, RTOL, TRAIN, assert_user_error, make_inputs, run_cli
 
-from autoconfig import catalog, search
+from autoconfig import search
 from autoconfig.cost.memory import layer_activation_bytes, stage_params
-from autoconfig.specs import Position
+from autoconfig.spec import catalog
+from autoconfig.spec.schema import Position
 from autoconfig.trainer import cli_train, ops
 from autoconfig.trainer.config import TrainConfig, config_from_search_row, make_config
 from autoconfig.trainer.launch import launch_local
@@ -152,7 +153,7 @@ def test_fsdp_keeps_the_weights_gathered_under_a_pipeline(layout: dict, reshards
 def test_untied_head_with_learned_positions_across_stages(tmp_path) -> None:
     """The last stage's own head starts from the same weights as in one process (its init
     does not depend on which embeddings the stage holds)."""
-    from autoconfig import catalog
+    from autoconfig.spec import catalog
 
     spec = catalog.get_model("tiny-gpt").model_copy(update={"tied_embeddings": False})
     runs = [

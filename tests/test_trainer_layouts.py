@@ -14,8 +14,8 @@ import pytest
 from helpers import BASE, RTOL, TRAIN, run_cli
 
 from autoconfig import api
+from autoconfig.base.errors import UserError
 from autoconfig.cli.app import execute
-from autoconfig.errors import UserError
 from autoconfig.trainer import prediction
 from autoconfig.trainer.config import TrainConfig, config_from_search_row, make_config
 from autoconfig.trainer.launch import launch_local
@@ -284,7 +284,7 @@ def test_the_trainer_prediction_exposes_the_reductions_it_makes_after_backward(
     """ZeRO-1's ShardedOptimizer reduce-scatters in its step, after the whole backward, and
     torch's pipelining reduces FSDP and `replicate` stages after their last backward, while
     DDP reduces inside it: the prediction hides none of the former and some of the latter."""
-    from autoconfig.columns import reduce_bits
+    from autoconfig.columns.build import reduce_bits
 
     def cfg(**layout) -> TrainConfig:
         return make_config(model="llama3-8b", **{**BASE, "mbs": 1, "gbs": 64, **layout})

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoconfig import api, resources
-from autoconfig.training import rank, spread
+from autoconfig import api
+from autoconfig.base import resources
+from autoconfig.layout_search import rank, spread
 
 
 def _left_out(groups: dict[str, tuple[int, float]], **flags: bool) -> pd.DataFrame:

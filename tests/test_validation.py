@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from autoconfig.validation import (
+from autoconfig.calibrate.validation import (
     LAYOUT,
     SAME_MEMORY_SETTINGS,
     constant_guess,
@@ -253,7 +253,7 @@ def test_a_failure_is_weighed_with_its_frameworks_pipeline_split() -> None:
 def test_a_fixed_cost_per_micro_batch_shows_as_a_line_in_the_micro_batch_count() -> None:
     """Two families cut the same 256 sequences into micro-batches of 1 to 16: one pays 0.5 s
     per micro-batch on top of a 2 s step, the other only its work (2 s whatever the cut)."""
-    from autoconfig.micro_batches import micro_batch_lines, micro_batch_summary
+    from autoconfig.calibrate.micro_batches import micro_batch_lines, micro_batch_summary
 
     rows = []
     for tp, stall in ((16, 0.5), (2, 0.0)):

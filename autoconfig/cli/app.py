@@ -10,7 +10,7 @@ import sys
 import typer
 import typer.core
 
-from autoconfig.errors import UserError
+from autoconfig.base.errors import UserError
 
 app = typer.Typer(
     add_completion=False,

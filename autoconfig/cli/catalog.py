@@ -9,11 +9,11 @@ from pathlib import Path
 import typer
 import yaml
 
-from autoconfig import catalog as models_and_gpus
+from autoconfig.base.fileio import write_text
 from autoconfig.cli.app import app
 from autoconfig.cli.options import OUT_FILE
-from autoconfig.fileio import write_text
 from autoconfig.report import terminal
+from autoconfig.spec import catalog as models_and_gpus
 
 
 @app.command()

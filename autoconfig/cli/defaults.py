@@ -8,7 +8,7 @@ import sys
 import typer
 
 from autoconfig.cli.options import AMOUNT, COUNT, FRACTION, framework_named
-from autoconfig.vocab import Framework, Precision, Recompute, ZeroStage
+from autoconfig.spec.vocab import Framework, Precision, Recompute, ZeroStage
 
 GPU = "h100-sxm-80gb"
 PRECISION = Precision.BF16

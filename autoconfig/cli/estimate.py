@@ -9,17 +9,18 @@ from pathlib import Path
 
 import typer
 
-from autoconfig import api, layout
-from autoconfig import compare as judge
+from autoconfig import api
+from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import COUNT, COUNT0, OUT_FILE, read_csv
-from autoconfig.errors import UserError
-from autoconfig.report import compare as compare_report
+from autoconfig.layout_search import compare as judge
+from autoconfig.layout_search import run as search_run
+from autoconfig.report import compare_view as compare_report
 from autoconfig.report import files, terminal
-from autoconfig.resolve import auto_settings
-from autoconfig.training import run as search_run
-from autoconfig.vocab import Framework, Precision, Recompute
+from autoconfig.rows.resolve import auto_settings
+from autoconfig.spec import layout
+from autoconfig.spec.vocab import Framework, Precision, Recompute
 
 # The flags that state what each --auto setting would otherwise choose.
 AUTO_FLAGS = {

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from autoconfig import api, checks
+from autoconfig import api
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import (
@@ -25,7 +27,6 @@ from autoconfig.cli.options import (
     on_cpu,
     read_csv,
 )
-from autoconfig.errors import UserError
 from autoconfig.report import files, serving, terminal
 from autoconfig.serve.result import ServingResult
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
 
 from autoconfig.report.serving_flags import launch_flags
-from autoconfig.vocab import (
+from autoconfig.spec.vocab import (
     Batching,
     Device,
     Engine,

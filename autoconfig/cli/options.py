@@ -1,4 +1,4 @@
-"""What several commands share: flag checks (typer callbacks over autoconfig.checks), the
+"""What several commands share: flag checks (typer callbacks over autoconfig.base.checks), the
 output folder's lock, the measured-trial options (`search` and `infer` name them alike), CSV
 input, key=value lists, and whether a GPU is here."""
 
@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import typer
 
-from autoconfig import catalog, checks, machine
-from autoconfig.errors import UserError
-from autoconfig.folderlock import folder_lock
-from autoconfig.vocab import Device, Framework
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError
+from autoconfig.base.folderlock import folder_lock
+from autoconfig.spec import catalog, machine
+from autoconfig.spec.vocab import Device, Framework
 
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
@@ -31,7 +32,7 @@ def flag_name(param: typer.CallbackParam) -> str:
 
 
 def checked(check: Callable[..., Any], **limits: Any) -> Callable[..., Any]:
-    """A typer callback that runs a flag's value through `check` (autoconfig.checks), so a bad
+    """A typer callback that runs a flag's value through `check` (autoconfig.base.checks), so a bad
     value is one line naming the flag, before the command does anything."""
 
     def callback(param: typer.CallbackParam, value: Any) -> Any:

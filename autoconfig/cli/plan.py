@@ -8,13 +8,13 @@ from pathlib import Path
 
 import typer
 
-from autoconfig import plan as planning
+from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
-from autoconfig.errors import UserError
-from autoconfig.report import plan as plan_report
+from autoconfig.layout_search import plan as planning
+from autoconfig.report import plan_view as plan_report
 from autoconfig.report import terminal
-from autoconfig.vocab import Framework, Precision
+from autoconfig.spec.vocab import Framework, Precision
 
 
 @app.command()

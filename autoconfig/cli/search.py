@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from autoconfig import api, catalog, layout
-from autoconfig.checks import MAX_COUNT
+from autoconfig import api
+from autoconfig.base.checks import MAX_COUNT
+from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import (
@@ -26,14 +27,14 @@ from autoconfig.cli.options import (
     measure_options,
     on_cpu,
 )
-from autoconfig.errors import UserError
+from autoconfig.layout_search.result import SearchResult
 from autoconfig.report import exports, files, terminal
-from autoconfig.training.result import SearchResult
+from autoconfig.spec import catalog, layout
 
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
 
-from autoconfig.vocab import Device, Executor, Framework, Precision, Sampler
+from autoconfig.spec.vocab import Device, Executor, Framework, Precision, Sampler
 
 
 @app.command()

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from autoconfig import checks
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import COUNT, COUNT0, OUT_FOLDER, SEED, checked
-from autoconfig.errors import UserError
-from autoconfig.vocab import Device, Recompute
+from autoconfig.spec.vocab import Device, Recompute
 
 ZERO = checked(checks.integer, low=0, high=3)
 

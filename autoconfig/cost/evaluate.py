@@ -9,7 +9,7 @@ from autoconfig.cost.inputs import Col, CostInputs
 from autoconfig.cost.layer import layer_ops
 from autoconfig.cost.memory import memory, stage_params
 from autoconfig.cost.timing import step_time
-from autoconfig.vocab import GIB
+from autoconfig.spec.vocab import GIB
 
 PREDICTION_COLUMNS = (
     "pred_step_time_s",

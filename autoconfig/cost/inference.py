@@ -36,7 +36,7 @@ from autoconfig.cost.inputs import SWIGLU, Col, CostInputs
 from autoconfig.cost.layer import Op, head_ops, layer_ops, mlp_widths
 from autoconfig.cost.memory import stage_params
 from autoconfig.cost.timing import kernel_count
-from autoconfig.vocab import GIB
+from autoconfig.spec.vocab import GIB
 
 INFERENCE_COLUMNS = (
     "pred_ttft_ms",

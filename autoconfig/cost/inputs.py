@@ -1,9 +1,9 @@
 """The cost model's input: one numpy column per quantity, N candidate configurations at once.
 
-autoconfig.columns builds them from the specs once; every cost function then reads plain
+autoconfig.columns.build builds them from the specs once; every cost function then reads plain
 arrays, and a scalar broadcasts against arrays, so a search over one model passes the model's
 figures as scalars and only the layout columns as arrays. Coded choices (recompute, MLP kind)
-hold the codes of autoconfig.vocab.
+hold the codes of autoconfig.spec.vocab.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoconfig.cost.kernel_time import NO_KERNELS, KernelSet
-from autoconfig.vocab import Mlp, Recompute
+from autoconfig.spec.vocab import Mlp, Recompute
 
 Col = np.ndarray
 

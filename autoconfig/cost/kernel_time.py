@@ -132,9 +132,7 @@ def attention_efficiency(
     return _per_chip(kernels, codes, np.float32(0.0), (head_dim, seq, heads), efficiency)
 
 
-def collective_time(
-    kernels: KernelSet, codes: Col, op: str, size: Col, nbytes: Col
-) -> Col | None:
+def collective_time(kernels: KernelSet, codes: Col, op: str, size: Col, nbytes: Col) -> Col | None:
     """Seconds of one NCCL collective (`op`: all_reduce, all_gather, reduce_scatter) over
     `size` ranks of one NVLink domain on a whole buffer of `nbytes`, as measured on each row's
     chip (NaN on rows without a table; None if no row has one)."""

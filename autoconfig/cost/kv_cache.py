@@ -19,7 +19,7 @@ import numpy as np
 from autoconfig.cost.inference import ServeInputs, kv_bytes_per_token
 from autoconfig.cost.inputs import SWIGLU, Col
 from autoconfig.cost.memory import stage_params
-from autoconfig.vocab import GIB
+from autoconfig.spec.vocab import GIB
 
 
 @dataclass(frozen=True)

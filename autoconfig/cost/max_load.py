@@ -22,7 +22,7 @@ from autoconfig.cost.inference import ServeInputs
 from autoconfig.cost.inputs import Col
 from autoconfig.cost.kv_cache import KvCapacity, kv_capacity
 from autoconfig.cost.serving_step import StepModel, step_model
-from autoconfig.vocab import GIB
+from autoconfig.spec.vocab import GIB
 
 # What limits the running batch, in the `bound` column.
 BOUNDS = ("max-num-seqs", "kv-cache", "tokens-per-iteration")

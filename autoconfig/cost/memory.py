@@ -36,7 +36,7 @@ from autoconfig.cost.layer import (
     op_level_sac_bytes,
     total,
 )
-from autoconfig.vocab import GIB
+from autoconfig.spec.vocab import GIB
 
 
 @dataclass(frozen=True)

@@ -210,9 +210,7 @@ def _measured_attention(x: CostInputs, flops: Col, modelled: Col) -> tuple[Col, 
     without a table, or without flash attention, keep the `modelled` forward (2.5x backward)."""
     head_dim = x.head_dim + np.where(x.kv_lora > 0, x.rope_dim, 0.0)
     pairs = x.mbs * x.heads / x.tp
-    eff = kernel_time.attention_efficiency(
-        x.kernels, x.kernel_chip, head_dim, x.seq / x.cp, pairs
-    )
+    eff = kernel_time.attention_efficiency(x.kernels, x.kernel_chip, head_dim, x.seq / x.cp, pairs)
     if eff is None:
         return None
     fwd = flops / (x.peak_bf16_flops * eff)

@@ -13,13 +13,13 @@ import optuna
 import pandas as pd
 from scipy.linalg import qr
 
-from autoconfig import catalog, layout
+from autoconfig.base.errors import UserError
+from autoconfig.calibrate.fit import TIME_PARAMS, fit_time, gemm_class, with_params
 from autoconfig.cost.evaluate import evaluate
 from autoconfig.cost.inputs import CostInputs
-from autoconfig.errors import UserError
-from autoconfig.fit import TIME_PARAMS, fit_time, gemm_class, with_params
 from autoconfig.measure.study import STUDY_NAME, exists, open_storage, storage_url
-from autoconfig.specs import GPUSpec
+from autoconfig.spec import catalog, layout
+from autoconfig.spec.schema import GPUSpec
 from autoconfig.trainer.config import TrainConfig, load_config
 from autoconfig.trainer.prediction import DEFAULT_PROFILE, training_inputs_of_runs
 

@@ -1,5 +1,5 @@
 """The measured search's candidates: the analytically feasible layouts, best predicted first,
-each with its stable key (autoconfig.layout.key) and the bundled trainer's verdict on whether
+each with its stable key (autoconfig.spec.layout.key) and the bundled trainer's verdict on whether
 it can run it."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from autoconfig import layout
-from autoconfig.errors import UserError
-from autoconfig.specs import ModelSpec
+from autoconfig.base.errors import UserError
+from autoconfig.layout_search.result import SearchResult
+from autoconfig.spec import layout
+from autoconfig.spec.schema import ModelSpec
 from autoconfig.trainer.config import TrainConfig, config_from_search_row
-from autoconfig.training.result import SearchResult
 
 PREDICTED = ("pred_tokens_per_s_per_gpu", "pred_step_time_s", "pred_peak_mem_gb", "mem_limit_gb")
 

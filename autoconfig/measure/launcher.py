@@ -17,10 +17,10 @@ from pathlib import Path
 
 import submitit
 
-from autoconfig.errors import UserError
+from autoconfig.base.errors import UserError
 from autoconfig.measure.task import run_rank
+from autoconfig.spec.vocab import Executor
 from autoconfig.trainer.config import TrainConfig
-from autoconfig.vocab import Executor
 
 SLURM_ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoconfig.measure.launcher import Job
+from autoconfig.spec.vocab import FailureClass
 from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.metrics import LOST, RunMetrics, is_collateral, read_metrics
-from autoconfig.vocab import FailureClass
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from autoconfig.vocab import FailureClass
+from autoconfig.spec.vocab import FailureClass
 
 # How far a failed trial got, furthest first: the closest to working is the first of these.
 PROGRESS = (

@@ -12,8 +12,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState, create_trial
 
-from autoconfig import checks, layout
-from autoconfig.fileio import write_json
+from autoconfig.base import checks
+from autoconfig.base.fileio import write_json
 from autoconfig.measure.candidates import PREDICTED, Candidates
 from autoconfig.measure.launcher import Job, Launcher, LaunchError
 from autoconfig.measure.outcome import (
@@ -25,9 +25,10 @@ from autoconfig.measure.outcome import (
     only_collateral,
 )
 from autoconfig.measure.sampler import chosen_layout, distributions, taken_keys
+from autoconfig.spec import layout
+from autoconfig.spec.vocab import FailureClass
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.metrics import RunMetrics
-from autoconfig.vocab import FailureClass
 
 POLL_S = 0.1
 KILL_GRACE_S = 10.0

@@ -15,8 +15,8 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from autoconfig import layout
-from autoconfig.vocab import FailureClass
+from autoconfig.spec import layout
+from autoconfig.spec.vocab import FailureClass
 
 
 def distributions(table: pd.DataFrame) -> dict[str, BaseDistribution]:

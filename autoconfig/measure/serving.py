@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoconfig import layout
-from autoconfig.errors import UserError
+from autoconfig.base.errors import UserError
 from autoconfig.measure import session
 from autoconfig.measure.candidates import Candidates, with_grid_order
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.measure.session import MeasureOptions
 from autoconfig.serve.result import ServingResult
-from autoconfig.specs import ModelSpec
+from autoconfig.spec import layout
+from autoconfig.spec.schema import ModelSpec
 from autoconfig.trainer.config import TrainConfig, make_config
 from autoconfig.trainer.serve_loop import LOAD_ENV, ServeLoad
 

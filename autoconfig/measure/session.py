@@ -17,9 +17,10 @@ import optuna
 import pandas as pd
 from rich.console import Console
 
-from autoconfig import checks, machine
-from autoconfig.errors import UserError
-from autoconfig.folderlock import folder_lock
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError
+from autoconfig.base.folderlock import folder_lock
+from autoconfig.layout_search.result import SearchResult
 from autoconfig.measure import candidates as cand
 from autoconfig.measure import summary
 from autoconfig.measure.launcher import Launcher, SlurmOptions
@@ -36,9 +37,9 @@ from autoconfig.measure.study import (
     open_study,
     storage_url,
 )
+from autoconfig.spec import machine
+from autoconfig.spec.vocab import Executor, Sampler
 from autoconfig.trainer.prediction import runs_fp32
-from autoconfig.training.result import SearchResult
-from autoconfig.vocab import Executor, Sampler
 
 FAULTS_ENV = "AUTOCONFIG_MEASURE_FAULTS"  # testing: "1:alloc@0,2:sleep@0" trial -> fault
 

@@ -14,10 +14,10 @@ import optuna
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from autoconfig import layout
-from autoconfig.errors import UserError
+from autoconfig.base.errors import UserError
 from autoconfig.measure.candidates import Candidates
 from autoconfig.measure.sampler import CandidateSampler, taken_keys
+from autoconfig.spec import layout
 
 STUDY_NAME = "autoconfig"
 STUDY_FILE = "study.db"  # the default storage, in --out

@@ -11,7 +11,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from autoconfig.measure.candidates import Candidates
-from autoconfig.vocab import FailureClass
+from autoconfig.spec.vocab import FailureClass
 
 COLUMNS = [
     "trial",

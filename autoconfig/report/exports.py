@@ -1,5 +1,5 @@
 """Launch settings for a chosen layout, written from each dimension's framework flags in
-autoconfig.layout (Megatron-LM flags, a NeMo 2.0 recipe override, a torchtitan TOML), plus the
+autoconfig.spec.layout (Megatron-LM flags, a NeMo 2.0 recipe override, a torchtitan TOML), plus the
 run-level settings (batch, sequence, precision) each framework names its own way. A value a
 framework cannot express is refused with a reason, never silently dropped."""
 
@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-from autoconfig import frameworks, layout
+from autoconfig.base.errors import UserError
+from autoconfig.columns import frameworks
 from autoconfig.cost.inputs import even_split_layers, interleaves_by_counting_ends
-from autoconfig.errors import UserError
-from autoconfig.layout import ANY
-from autoconfig.vocab import Framework
+from autoconfig.spec import layout
+from autoconfig.spec.layout import ANY
+from autoconfig.spec.vocab import Framework
 
 # Run-level settings, after the layout's own (formatted with the same context).
 RUN_FLAGS: dict[Framework, tuple[str, ...]] = {

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoconfig.fileio import csv_text, write_set, write_text
-from autoconfig.folderlock import folder_lock
+from autoconfig.base.fileio import csv_text, write_set, write_text
+from autoconfig.base.folderlock import folder_lock
+from autoconfig.layout_search.result import SearchResult
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.report import html
-from autoconfig.training.result import SearchResult
 
 
 def plain_row(row: pd.Series | None) -> dict | None:

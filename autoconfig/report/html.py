@@ -13,7 +13,17 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from autoconfig import layout, resources
+from autoconfig.base import resources
+from autoconfig.layout_search.rank import (
+    EQUAL_SPEED,
+    MEMORY_RISK_RULE,
+    NEAR_TIE,
+    NEAR_TIE_SOURCE,
+    SPREAD,
+    TIE_RULES,
+    top_row,
+)
+from autoconfig.layout_search.result import SearchResult
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.report.terminal import (
     MEASURED_HEAD,
@@ -23,16 +33,7 @@ from autoconfig.report.terminal import (
     failure_lines,
     measured_rows,
 )
-from autoconfig.training.rank import (
-    EQUAL_SPEED,
-    MEMORY_RISK_RULE,
-    NEAR_TIE,
-    NEAR_TIE_SOURCE,
-    SPREAD,
-    TIE_RULES,
-    top_row,
-)
-from autoconfig.training.result import SearchResult
+from autoconfig.spec import layout
 
 ACCURACY = "accuracy.json"  # written by scripts/validate_published.py
 # plotly.js's basic partial bundle, the same version as the plotly package's full one (MIT,

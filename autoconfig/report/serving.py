@@ -13,8 +13,8 @@ import plotly.io as pio
 from rich.console import Group
 from rich.table import Table
 
-from autoconfig import resources
-from autoconfig.fileio import csv_text
+from autoconfig.base import resources
+from autoconfig.base.fileio import csv_text
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.report.files import json_text, measured_files, plain_row, write_report
 from autoconfig.report.html import STYLE, _table

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from autoconfig.serve.result import ServingResult
-from autoconfig.vocab import Engine
+from autoconfig.spec.vocab import Engine
 
 # How each engine takes a quantised model: an online flag, or a checkpoint quantised offline.
 _VLLM_QUANT = {

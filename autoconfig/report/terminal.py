@@ -11,10 +11,7 @@ import pandas as pd
 from rich.console import Console, Group
 from rich.table import Table
 
-from autoconfig import layout
-from autoconfig.measure.result import MeasuredSearch
-from autoconfig.specs import GPUSpec, ModelSpec
-from autoconfig.training.rank import (
+from autoconfig.layout_search.rank import (
     EQUAL_SPEED,
     MEMORY_RISK_RULE,
     NEAR_TIE,
@@ -23,7 +20,10 @@ from autoconfig.training.rank import (
     TIE_RULES,
     top_row,
 )
-from autoconfig.training.result import SearchResult
+from autoconfig.layout_search.result import SearchResult
+from autoconfig.measure.result import MeasuredSearch
+from autoconfig.spec import layout
+from autoconfig.spec.schema import GPUSpec, ModelSpec
 
 MEMORY_PARTS = (
     ("weights", "mem_weights_gb"),

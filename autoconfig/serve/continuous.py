@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from autoconfig import catalog
 from autoconfig.serve import goodput
 from autoconfig.serve.disaggregate import disaggregated
 from autoconfig.serve.request import Request
 from autoconfig.serve.result import ServingResult
+from autoconfig.spec import catalog
 
 
 def search(req: Request) -> ServingResult:

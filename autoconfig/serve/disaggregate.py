@@ -27,8 +27,8 @@ from autoconfig.serve.goodput import (
 )
 from autoconfig.serve.request import Request
 from autoconfig.serve.workload import Workload
-from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
-from autoconfig.vocab import GIB
+from autoconfig.spec.schema import ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.spec.vocab import GIB
 
 POOL_CANDIDATES = 6  # layouts tried in each role
 

@@ -21,18 +21,18 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from autoconfig import catalog
-from autoconfig.columns import serving_inputs
+from autoconfig.base.errors import UserError
+from autoconfig.columns.build import serving_inputs
 from autoconfig.cost.kv_cache import kv_capacity
 from autoconfig.cost.max_load import max_load
 from autoconfig.cost.serving_sim import Limits, Simulated, Stop, simulate
 from autoconfig.cost.serving_step import StepModel, step_model, take
-from autoconfig.errors import UserError
 from autoconfig.serve.request import Request
 from autoconfig.serve.search import min_gpus, tp_degrees
 from autoconfig.serve.workload import Lengths, Workload, chat
-from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
-from autoconfig.vocab import GIB, KvPrecision, ServePrecision
+from autoconfig.spec import catalog
+from autoconfig.spec.schema import ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.spec.vocab import GIB, KvPrecision, ServePrecision
 
 MAX_SEQS = (16, 32, 64, 128, 256, 512)
 MAX_TOKENS = (2048, 8192)

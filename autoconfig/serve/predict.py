@@ -9,8 +9,8 @@ import pandas as pd
 
 from autoconfig.cost.inference import INFERENCE_COLUMNS, evaluate_serving
 from autoconfig.cost.max_load import evaluate_max_load
-from autoconfig.frame import with_predictions
-from autoconfig.serve.frame import read_serving_rows
+from autoconfig.rows.serving import read_serving_rows
+from autoconfig.rows.training import with_predictions
 
 
 def predict_frame(points: pd.DataFrame) -> pd.DataFrame:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoconfig import checks
+from autoconfig.base import checks
 from autoconfig.serve.workload import Workload
-from autoconfig.specs import ModelSpec
+from autoconfig.spec.schema import ModelSpec
 
 DEFAULT_MAX_BATCH = 1024
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from autoconfig.serve.request import Request
-from autoconfig.specs import GPUSpec, ModelSpec
+from autoconfig.spec.schema import GPUSpec, ModelSpec
 
 
 @dataclass

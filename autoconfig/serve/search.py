@@ -7,15 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autoconfig import catalog, checks
-from autoconfig.columns import serving_inputs
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError
+from autoconfig.base.intmath import divisors
+from autoconfig.columns.build import serving_inputs
 from autoconfig.cost.inference import evaluate_serving
-from autoconfig.errors import UserError
-from autoconfig.intmath import divisors
 from autoconfig.serve.request import Budget, Request
 from autoconfig.serve.result import ServingResult
-from autoconfig.specs import ClusterSpec, GPUSpec, ModelSpec
-from autoconfig.vocab import KvPrecision, Objective, ServePrecision
+from autoconfig.spec import catalog
+from autoconfig.spec.schema import ClusterSpec, GPUSpec, ModelSpec
+from autoconfig.spec.vocab import KvPrecision, Objective, ServePrecision
 
 
 def _check(req: Request, spec: ModelSpec) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoconfig.base.errors import UserError
 from autoconfig.cost.serving_sim import Trace, poisson_arrivals
-from autoconfig.errors import UserError
-from autoconfig.vocab import Arrival
+from autoconfig.spec.vocab import Arrival
 
 CHAT_INPUT = (128, 2048)
 CHAT_OUTPUT = (64, 512)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from autoconfig.errors import UserError
+from autoconfig.base.errors import UserError
 from autoconfig.trainer.config import load_config
 from autoconfig.trainer.metrics import EXIT_BAD_INPUT
 from autoconfig.trainer.run import train

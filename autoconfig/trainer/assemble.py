@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autoconfig import catalog
-from autoconfig.fileio import write_json
+from autoconfig.base.fileio import write_json
+from autoconfig.spec import catalog
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.metrics import (
     LOST,

@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autoconfig import catalog, machine
-from autoconfig.errors import UserError
+from autoconfig.base.errors import UserError
+from autoconfig.spec import catalog, machine
+from autoconfig.spec.vocab import Device
 from autoconfig.trainer.config import load_config, make_config
 from autoconfig.trainer.hostmem import check_fits
 from autoconfig.trainer.launch import launch_local
 from autoconfig.trainer.metrics import RunMetrics
-from autoconfig.vocab import Device
 
 
 def run(

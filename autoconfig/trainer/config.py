@@ -12,12 +12,13 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from autoconfig import catalog, checks, layout
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError, pydantic_message
 from autoconfig.cost.inputs import interleaves_by_counting_ends
-from autoconfig.errors import UserError, pydantic_message
-from autoconfig.layout import Layout
-from autoconfig.specs import ModelSpec
-from autoconfig.vocab import ZeroStage
+from autoconfig.spec import catalog, layout
+from autoconfig.spec.layout import Layout
+from autoconfig.spec.schema import ModelSpec
+from autoconfig.spec.vocab import ZeroStage
 
 
 def as_built(spec: ModelSpec) -> ModelSpec:
@@ -44,7 +45,7 @@ def as_built(spec: ModelSpec) -> ModelSpec:
 
 
 class TrainConfig(Layout):
-    """One trainer run: a layout (every dimension of autoconfig.layout, with its defaults) and
+    """One trainer run: a layout (every dimension of autoconfig.spec.layout, with its defaults) and
     what the trainer needs besides. `model` is a catalog name, a config.json path, or a full
     spec."""
 
@@ -206,7 +207,7 @@ class TrainConfig(Layout):
                 "seq": self.seq(spec),
             }
         )
-        if shared:  # what makes the layout impossible anywhere (autoconfig.layout)
+        if shared:  # what makes the layout impossible anywhere (autoconfig.spec.layout)
             raise UserError(shared)
         counted = self.interleaves_counting_ends(spec.layers)
         rules = [

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
 
-from autoconfig.specs import ModelSpec
+from autoconfig.spec.schema import ModelSpec
 from autoconfig.trainer import ops
 from autoconfig.trainer.mlp import MLP
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from autoconfig.errors import UserError
+from autoconfig.base.errors import UserError
 from autoconfig.trainer import ops
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.metrics import RankMemory

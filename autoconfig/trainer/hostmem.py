@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoconfig.errors import UserError
-from autoconfig.intmath import divisors
+from autoconfig.base.errors import UserError
+from autoconfig.base.intmath import divisors
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.prediction import predicted
 

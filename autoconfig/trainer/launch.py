@@ -14,7 +14,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from autoconfig.fileio import write_json
+from autoconfig.base.fileio import write_json
 from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.metrics import EXIT_ERROR, EXIT_OK, EXIT_OOM, RunMetrics

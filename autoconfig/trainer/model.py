@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from autoconfig.specs import ModelSpec
+from autoconfig.spec.schema import ModelSpec
 from autoconfig.trainer import ops
 from autoconfig.trainer.context import ContextParallel
 from autoconfig.trainer.experts import MoE

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autoconfig import catalog, layout
-from autoconfig.columns import (
+from autoconfig.columns.build import (
     Behaviour,
     Hardware,
     reduce_bits,
@@ -17,8 +16,9 @@ from autoconfig.columns import (
 )
 from autoconfig.cost import CostInputs, evaluate
 from autoconfig.cost.inference import evaluate_serving
+from autoconfig.spec import catalog, layout
+from autoconfig.spec.vocab import KvPrecision, ServePrecision
 from autoconfig.trainer.config import TrainConfig
-from autoconfig.vocab import KvPrecision, ServePrecision
 
 DEFAULT_PROFILE = "h100-sxm-80gb"  # when no profile is known (a run that never started)
 CPU_PROFILE = "cpu-gloo"  # the bundled trainer's ranks on CPU cores, gloo over loopback

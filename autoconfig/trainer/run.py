@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
-from autoconfig.errors import UserError
-from autoconfig.fileio import write_json
+from autoconfig.base.errors import UserError
+from autoconfig.base.fileio import write_json
 from autoconfig.trainer import ops
 from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig

@@ -1,0 +1,162 @@
+"""The training search from a request to a result: check and resolve the inputs, enumerate,
+evaluate and rank every layout, explain the winner, and when nothing fits say what would."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError
+from autoconfig.columns import frameworks
+from autoconfig.columns.build import Hardware, training_inputs
+from autoconfig.layout_search.advice import closest_fix, fixed_values_missing
+from autoconfig.layout_search.batch import default_batch
+from autoconfig.layout_search.rank import Constraints, explain_winner, rank
+from autoconfig.layout_search.result import SearchRequest, SearchResult
+from autoconfig.layout_search.space import enumerate_candidates, load_space
+from autoconfig.spec import catalog, layout
+from autoconfig.spec.schema import ModelSpec, SearchSpace
+from autoconfig.spec.vocab import Precision
+
+
+def make_request(
+    model: str | ModelSpec,
+    gpus: int,
+    gpu: str = "h100-sxm-80gb",
+    *,
+    seq_len: int | None = None,
+    gbs: int | None = None,
+    precision: str = "bf16",
+    space: SearchSpace | str | Path | None = None,
+    fix: dict[str, object] | None = None,
+    max_tp: int | None = None,
+    max_pp: int | None = None,
+    min_dp: int | None = None,
+    max_memory_gb: float | None = None,
+    memory_headroom: float = 0.0,
+    gpus_per_node: int | None = None,
+    flash_attention: bool = True,
+    framework: str = "megatron",
+) -> SearchRequest:
+    """The request with every default resolved; bad input is one UserError line."""
+    gpus = checks.integer(gpus, "gpus")
+    seq_len = None if seq_len is None else checks.integer(seq_len, "seq-len")
+    gbs = None if gbs is None else checks.integer(gbs, "gbs")
+    memory_headroom = checks.fraction(memory_headroom, "memory-headroom")
+    if max_memory_gb is not None:
+        max_memory_gb = checks.number(max_memory_gb, "max-memory-gb")
+    for name, bound in (("max-tp", max_tp), ("max-pp", max_pp), ("min-dp", min_dp)):
+        if bound is not None:
+            checks.integer(bound, name)
+    if gpus_per_node is not None:
+        gpus_per_node = checks.integer(gpus_per_node, "gpus-per-node")
+    spec = catalog.get_model(model) if isinstance(model, str) else model
+    fw = catalog.get_framework(framework)
+    gpu_spec = catalog.get_gpu(gpu)
+    precision = Precision.parse(precision, "precision").value
+    if not gpu_spec.supports(precision):
+        raise UserError(f"precision: {gpu_spec.name} has no {precision} tensor cores")
+    if precision not in fw.allows("precisions"):
+        allowed = ", ".join(fw.allows("precisions"))
+        raise UserError(f"precision: {fw.name} trains in {allowed}, not {precision}")
+    cluster = catalog.cluster_for(gpu_spec, gpus_per_node)
+    seq = seq_len or spec.seq_len
+    if spec.max_seq_len and seq > spec.max_seq_len:
+        raise UserError(f"seq-len: {seq} exceeds {spec.name}'s context of {spec.max_seq_len}")
+    rule = default_batch(spec, seq) if gbs is None else None
+    batch = gbs if rule is None else rule.gbs
+    if batch < 1:
+        raise UserError(f"gbs: must be a positive integer (got {batch})")
+    space_spec = space if isinstance(space, SearchSpace) else load_space(space)
+    fixed: dict[str, object] = {}
+    for key, value in (fix or {}).items():
+        if key not in layout.BY_NAME:
+            allowed = ", ".join(layout.NAMES)
+            raise UserError(f"fix: unknown dimension '{key}' (allowed: {allowed})")
+        fixed[key] = layout.BY_NAME[key].parse(value, "fix: ")
+    if max_tp is not None and min(space_spec.tp) > max_tp:
+        raise UserError(f"max-tp: {max_tp} is below every tp in the space {space_spec.tp}")
+    if "tp" in fixed and max_tp is not None and int(fixed["tp"]) > max_tp:
+        raise UserError(f"fix: tp={fixed['tp']} contradicts --max-tp {max_tp}")
+    if "pp" in fixed and max_pp is not None and int(fixed["pp"]) > max_pp:
+        raise UserError(f"fix: pp={fixed['pp']} contradicts --max-pp {max_pp}")
+    return SearchRequest(
+        model=spec,
+        gpu=gpu_spec,
+        cluster=cluster,
+        gpus=gpus,
+        seq_len=seq,
+        gbs=batch,
+        gbs_chosen=gbs is None,
+        gbs_rule=rule.rule if rule is not None else f"{batch} sequences (given)",
+        precision=precision,
+        space=space_spec,
+        constraints=Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gb, memory_headroom),
+        framework=fw,
+        flash_attention=flash_attention,
+    )
+
+
+def evaluate_all(req: SearchRequest) -> SearchResult:
+    """Enumerate, evaluate and rank; raises UserError when no layout uses the GPUs."""
+    cands = enumerate_candidates(
+        req.model, req.gpus, req.gbs, req.seq_len, req.space, req.cluster.domain, req.framework
+    )
+    if cands.table.empty:
+        reasons = ", ".join(f"{k} ({v})" for k, v in cands.dropped.items())
+        left = sum(cands.left_out.values())
+        cannot = f"; {left:,} that {req.framework.name} cannot run" if left else ""
+        raise UserError(
+            f"gpus: no layout of {req.model.name} uses {req.gpus} GPUs with gbs {req.gbs} "
+            f"(dropped: {reasons}{cannot})"
+        )
+    inputs = training_inputs(
+        req.model,
+        Hardware(req.gpu, req.cluster, req.precision),
+        cands.table,
+        req.gbs,
+        req.seq_len,
+        frameworks.behaviour(req.framework, req.precision, float(req.flash_attention)),
+    )
+    with np.errstate(all="ignore"):
+        table = rank(cands.table, inputs, req.constraints)
+    pruned = table.loc[table["pruned"] != "", "pruned"].str.split(":").str[0].value_counts()
+    return SearchResult(
+        request=req,
+        table=table,
+        enumerated=cands.enumerated,
+        dropped=cands.dropped,
+        left_out=cands.left_out,
+        pruned=pruned.to_dict(),
+        explanation=explain_winner(table),
+    )
+
+
+def run(req: SearchRequest) -> SearchResult:
+    """The search; when nothing fits, advice on the closest layout and on more GPUs."""
+    result = evaluate_all(req)
+    if result.feasible:
+        return result
+    advice = fixed_values_missing(result.table, req) + closest_fix(result.table, req)
+    if not result.table["pruned"].str.startswith("memory").any():
+        result.advice = advice  # constraints, not memory: more GPUs would not help
+        return result
+    for factor in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        more = req.gpus * factor
+        batch = req.gbs  # the batch rule does not depend on the GPU count
+        try:
+            bigger = evaluate_all(replace(req, gpus=more))
+        except UserError:
+            continue
+        if bigger.feasible:
+            top = bigger.table.iloc[0]
+            advice.append(
+                f"  with {more} GPUs (gbs {batch}): {layout.label(top)} "
+                f"fits at {top['pred_peak_mem_gb']:.1f} GiB"
+            )
+            break
+    result.advice = advice
+    return result

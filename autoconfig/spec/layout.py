@@ -1,0 +1,562 @@
+"""The parallel layout: every dimension is declared once in DIMENSIONS (type, default, label,
+trial-key part, search values, framework flags). `Layout`, the search space's fields, `--fix`,
+labels, trial keys, cost-model columns, the trainer's configuration and the exporters all derive
+from that declaration, and the rules that make a layout impossible are stated here once.
+
+Adding a dimension is one `Dimension(...)` entry below plus its physics in `cost/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from autoconfig.base import checks
+from autoconfig.base.errors import UserError
+from autoconfig.spec.vocab import Choice, Framework, Recompute, ZeroStage
+
+MEGATRON, NEMO, TORCHTITAN = Framework.MEGATRON, Framework.NEMO, Framework.TORCHTITAN
+DEEPSPEED, NANOTRON, COMPOSER = Framework.DEEPSPEED, Framework.NANOTRON, Framework.COMPOSER
+ANY = "*"
+
+FlagSpec = str | tuple[str, ...] | Mapping[object, "str | tuple[str, ...]"]
+"""How one dimension is written for a framework: a template for every value, or templates by
+value (ANY for the rest). A value the mapping lacks is a layout the framework cannot run. The
+templates are formatted with the export context (the layout, the run, derived values); a
+template naming a value that is None there is left out (e.g. the uneven last-stage flag on an
+even split)."""
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One layout dimension."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    label: str = ""  # e.g. "tp{}": its part of the compact layout name ('' = a column of its own)
+    always_labelled: bool = False  # in the name even at its default value
+    searched: tuple | None = None  # default values the search tries (None: derived, not tried)
+    flags: Mapping[Framework, FlagSpec] = field(default_factory=dict)
+    minimum: int | None = 1  # for integers
+    key: str = ""  # its part of the trial key, e.g. "z{}" ('' = name{})
+    structural: bool = False  # shapes the rank grid (the search filters these first)
+
+    def key_part(self, value: Any) -> str:
+        plain = self.plain(value)
+        return (self.key or f"{self.name}{{}}").format(int(plain) if self.type is bool else plain)
+
+    def parse(self, text: object, where: str = "") -> Any:
+        """A value from text or a plain value, or a UserError naming the dimension."""
+        name = f"{where}{self.name}"
+        if isinstance(text, list | tuple | dict | set):  # YAML can nest; a value cannot
+            raise UserError(f"{name}: must be a single value (got a {type(text).__name__})")
+        if self.type is int:  # exact, bounded, not a bool (checks.integer)
+            return checks.integer(text, name, 0 if self.minimum is None else self.minimum)
+        if isinstance(text, self.type):
+            value = text
+        elif self.type is bool:
+            word = str(text).strip().lower()
+            if word not in _BOOL:
+                raise UserError(f"{name}: must be true or false (got '{text}')")
+            value = _BOOL[word]
+        elif issubclass(self.type, Choice):
+            value = self.type.parse(text, name)
+        else:
+            try:
+                number = float(str(text).strip())
+            except ValueError:
+                number = float("nan")
+            if not (np.isfinite(number) and number == int(number)):
+                raise UserError(f"{name}: must be an integer (got '{text}')")
+            value = int(number)
+        if self.type is ZeroStage:
+            if int(value) not in {int(z) for z in ZeroStage}:
+                raise UserError(f"{name}: must be {ZeroStage.allowed()} (got {value})")
+            return ZeroStage(int(value))
+        if self.type is int and self.minimum is not None and value < self.minimum:
+            raise UserError(f"{name}: must be >= {self.minimum} (got {value})")
+        return value
+
+    def plain(self, value: Any) -> Any:
+        """The value as plain Python (what CSV files, JSON and Optuna hold)."""
+        if self.type is bool:
+            return bool(value)
+        if issubclass(self.type, Choice):
+            return str(self.type(value).value)
+        return int(value)
+
+    def code(self, values: pd.Series | np.ndarray | Any) -> np.ndarray:
+        """The cost model's numeric column for this dimension."""
+        if self.type is Recompute:
+            codes = {m.value: float(m.code) for m in Recompute}
+            return np.asarray(pd.Series(values, dtype=object).astype(str).map(codes), float)
+        return np.asarray(values, dtype=float)
+
+
+_BOOL = {"true": True, "1": True, "y": True, "yes": True, "false": False, "0": False}
+_BOOL |= {"n": False, "no": False}
+
+
+# Framework settings per dimension. Megatron-LM and Megatron-DeepSpeed take command-line flags,
+# NeMo 2 recipe attributes, torchtitan TOML ("[section] key = value"), nanotron and Composer YAML
+# ("section.key: value"). Sources: the frameworks' argument parsers and config classes
+# (profiles/frameworks/*.yaml name the versions read).
+DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension(
+        "dp",
+        int,
+        1,
+        "data-parallel degree: model replicas (ZeRO shards over them)",
+        label="dp{}",
+        always_labelled=True,
+        # Most frameworks derive it from the world size.
+        flags={
+            MEGATRON: "",
+            NEMO: "",
+            TORCHTITAN: "",
+            DEEPSPEED: "",
+            NANOTRON: "parallelism.dp: {dp}",
+            COMPOSER: "",
+        },
+    ),
+    Dimension(
+        "tp",
+        int,
+        1,
+        "tensor-parallel degree",
+        label="tp{}",
+        always_labelled=True,
+        searched=(1, 2, 4, 8),
+        structural=True,
+        flags={
+            MEGATRON: "--tensor-model-parallel-size {tp}",
+            NEMO: "recipe.trainer.strategy.tensor_model_parallel_size = {tp}",
+            TORCHTITAN: "tensor_parallel_degree = {tp}",
+            DEEPSPEED: "--tensor-model-parallel-size {tp}",
+            NANOTRON: "parallelism.tp: {tp}",
+            COMPOSER: {1: "", ANY: "parallelism_config.tp.tensor_parallel_degree: {tp}"},
+        },
+    ),
+    Dimension(
+        "pp",
+        int,
+        1,
+        "pipeline stages",
+        label="pp{}",
+        always_labelled=True,
+        searched=(1, 2, 4, 8, 16),
+        structural=True,
+        flags={
+            MEGATRON: (
+                "--pipeline-model-parallel-size {pp}",
+                "--decoder-last-pipeline-num-layers {uneven_last_stage_layers}",
+                # an interleaved split counting the embedding and loss as layers (exports)
+                '--pipeline-model-parallel-layout "{megatron_pipeline_layout}"',
+            ),
+            NEMO: (
+                "recipe.trainer.strategy.pipeline_model_parallel_size = {pp}",
+                "recipe.model.config.num_layers_in_last_pipeline_stage = "
+                "{uneven_last_stage_layers}",
+                # some recipes count the embedding and loss as layers (Llama 3.1 405B): the
+                # prediction is for the even split (False), unless only counting them lets the
+                # layout interleave (True)
+                "recipe.trainer.strategy.account_for_embedding_in_pipeline_split = "
+                "{nemo_ends_as_layers}",
+                "recipe.trainer.strategy.account_for_loss_in_pipeline_split = "
+                "{nemo_ends_as_layers}",
+            ),
+            TORCHTITAN: (
+                "pipeline_parallel_degree = {pp}",
+                'pipeline_parallel_schedule = "{pipeline_schedule}"',
+                "pipeline_parallel_microbatch_size = {pipeline_microbatch}",
+            ),
+            DEEPSPEED: "--pipeline-model-parallel-size {pp}",
+            NANOTRON: ("parallelism.pp: {pp}", "parallelism.pp_engine: 1f1b"),
+            COMPOSER: {1: ""},
+        },
+    ),
+    Dimension(
+        "vp",
+        int,
+        1,
+        "virtual pipeline stages per rank (interleaved 1F1B)",
+        label="vp{}",
+        searched=(1, 2),
+        structural=True,
+        flags={
+            MEGATRON: {
+                1: "",
+                ANY: "--num-layers-per-virtual-pipeline-stage {layers_per_virtual_stage}",
+            },
+            NEMO: {
+                1: "recipe.trainer.strategy.virtual_pipeline_model_parallel_size = None",
+                ANY: "recipe.trainer.strategy.virtual_pipeline_model_parallel_size = {vp}",
+            },
+            # the interleaved schedule is named with pp (pipeline_schedule); its stages by
+            # their size (frameworks.layers_per_stage)
+            TORCHTITAN: {1: "", ANY: "pipeline_parallel_layers_per_stage = {layers_per_stage}"},
+            DEEPSPEED: {1: ""},
+            NANOTRON: {1: ""},
+            COMPOSER: {1: ""},
+        },
+    ),
+    Dimension(
+        "cp",
+        int,
+        1,
+        "context-parallel degree (the sequence split over ranks)",
+        label="cp{}",
+        searched=(1,),
+        structural=True,
+        flags={
+            MEGATRON: "--context-parallel-size {cp}",
+            NEMO: "recipe.trainer.strategy.context_parallel_size = {cp}",
+            TORCHTITAN: "context_parallel_degree = {cp}",
+            DEEPSPEED: {1: ""},
+            NANOTRON: {1: ""},
+            COMPOSER: {1: ""},
+        },
+    ),
+    Dimension(
+        "ep",
+        int,
+        1,
+        "expert-parallel degree (MoE experts split over ranks)",
+        label="ep{}",
+        searched=(1,),
+        structural=True,
+        flags={
+            MEGATRON: {1: "", ANY: "--expert-model-parallel-size {ep}"},
+            NEMO: "recipe.trainer.strategy.expert_model_parallel_size = {ep}",
+            TORCHTITAN: "expert_parallel_degree = {ep}",
+            DEEPSPEED: {1: "", ANY: "--moe-expert-parallel-size {ep}"},
+            NANOTRON: {1: "", ANY: "parallelism.expert_parallel_size: {ep}"},
+            COMPOSER: {1: ""},
+        },
+    ),
+    Dimension(
+        "etp",
+        int,
+        1,
+        "expert tensor-parallel degree: MoE experts split over this many ranks (Megatron-Core "
+        "--expert-tensor-parallel-size; expert parallelism folds over tp*dp*cp)",
+        label="etp{}",
+        searched=(1,),
+        structural=True,
+        flags={
+            MEGATRON: "--expert-tensor-parallel-size {megatron_etp}",  # absent: etp = tp
+            NEMO: "recipe.trainer.strategy.expert_tensor_parallel_size = {etp}",
+            TORCHTITAN: {1: "", ANY: "expert_tensor_parallel_degree = {etp}"},
+            DEEPSPEED: {1: ""},
+            NANOTRON: {1: ""},
+            COMPOSER: {1: ""},
+        },
+    ),
+    Dimension(
+        "sp",
+        bool,
+        False,
+        "sequence parallelism (with tp > 1)",
+        label="sp",
+        searched=(True,),
+        flags={
+            # TP communication overlap needs sequence parallelism; both frameworks overlap it.
+            MEGATRON: {True: ("--sequence-parallel", "--tp-comm-overlap"), False: ""},
+            NEMO: {
+                True: (
+                    "recipe.trainer.strategy.sequence_parallel = True",
+                    "recipe.comm_overlap.tp_comm_overlap = True",
+                ),
+                False: "recipe.trainer.strategy.sequence_parallel = False",
+            },
+            TORCHTITAN: "",  # torchtitan shards sequences whenever it shards tensors
+            DEEPSPEED: {True: "--sequence-parallel", False: ""},
+            NANOTRON: {
+                True: "parallelism.tp_mode: REDUCE_SCATTER",
+                False: "parallelism.tp_mode: ALL_REDUCE",
+            },
+            COMPOSER: {False: ""},
+        },
+    ),
+    Dimension(
+        "mbs",
+        int,
+        1,
+        "micro-batch size in sequences",
+        searched=(1, 2, 4),
+        flags={
+            MEGATRON: "--micro-batch-size {mbs}",
+            NEMO: "recipe.data.micro_batch_size = {mbs}",
+            TORCHTITAN: "",  # written with pp (pipeline_microbatch) and the local batch
+            DEEPSPEED: "--micro-batch-size {mbs}",
+            NANOTRON: "tokens.micro_batch_size: {mbs}",
+            COMPOSER: "device_train_microbatch_size: {mbs}",
+        },
+    ),
+    Dimension(
+        "recompute",
+        Recompute,
+        Recompute.NONE,
+        "activation recomputation: none, selective, full (on recompute_layers per stage), op",
+        searched=(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL),
+        key="{}",
+        flags={
+            MEGATRON: {
+                "none": "",
+                "selective": "--recompute-granularity selective",
+                "full": (
+                    "--recompute-granularity full",
+                    "--recompute-method block",
+                    "--recompute-num-layers {recompute_layers_per_chunk}",
+                ),
+            },
+            NEMO: {
+                "none": "",
+                "selective": 'recipe.model.config.recompute_granularity = "selective"',
+                "full": (
+                    'recipe.model.config.recompute_granularity = "full"',
+                    'recipe.model.config.recompute_method = "block"',
+                    "recipe.model.config.recompute_num_layers = {recompute_layers_per_chunk}",
+                ),
+            },
+            TORCHTITAN: {
+                "none": '[activation_checkpoint] mode = "none"',
+                "full": '[activation_checkpoint] mode = "full"',
+                "op": (
+                    '[activation_checkpoint] mode = "selective"',
+                    '[activation_checkpoint] selective_ac_option = "op"',
+                ),
+            },
+            DEEPSPEED: {
+                "none": "",
+                "full": ("--checkpoint-activations", "--checkpoint-num-layers 1"),
+            },
+            NANOTRON: {
+                "none": "model.recompute_layer: false",
+                "full": "model.recompute_layer: true",
+            },
+            COMPOSER: {
+                "none": "parallelism_config.fsdp.activation_checkpointing: false",
+                "full": "parallelism_config.fsdp.activation_checkpointing: true",
+            },
+        },
+    ),
+    Dimension(
+        "recompute_layers",
+        int,
+        0,
+        "with recompute full: layers per pipeline stage recomputed (0 = all of them); 0 otherwise",
+        minimum=0,
+        key="rl{}",
+        # written with recompute
+        flags={MEGATRON: "", NEMO: "", TORCHTITAN: "", DEEPSPEED: "", NANOTRON: "", COMPOSER: ""},
+    ),
+    Dimension(
+        "zero",
+        ZeroStage,
+        ZeroStage.OPTIMIZER,
+        "ZeRO stage: 0 none, 1 distributed optimizer, 2 + gradients, 3 + weights (FSDP)",
+        searched=tuple(ZeroStage),
+        minimum=None,
+        key="z{}",
+        flags={
+            MEGATRON: {
+                0: "--overlap-grad-reduce",
+                1: (
+                    "--use-distributed-optimizer",
+                    "--overlap-grad-reduce",
+                    "--overlap-param-gather",
+                ),
+                3: "--use-torch-fsdp2",
+            },
+            NEMO: {
+                0: "recipe.trainer.strategy.ddp.use_distributed_optimizer = False",
+                1: "recipe.trainer.strategy.ddp.use_distributed_optimizer = True",
+                3: (
+                    "recipe.trainer.strategy.ddp.use_megatron_fsdp = True",
+                    "recipe.trainer.strategy.ddp.data_parallel_sharding_strategy = "
+                    '"optim_grads_params"',
+                ),
+            },
+            TORCHTITAN: {
+                0: ("data_parallel_replicate_degree = {dp}", "data_parallel_shard_degree = 1"),
+                2: (
+                    "data_parallel_shard_degree = {dp}",
+                    'fsdp_reshard_after_forward = "never"',
+                ),
+                3: ("data_parallel_shard_degree = {dp}", 'fsdp_reshard_after_forward = "default"'),
+            },
+            DEEPSPEED: "--zero-stage {zero}",
+            NANOTRON: "optimizer.zero_stage: {zero}",
+            COMPOSER: {
+                0: "parallelism_config.fsdp.sharding_strategy: NO_SHARD",
+                2: "parallelism_config.fsdp.sharding_strategy: SHARD_GRAD_OP",
+                3: "parallelism_config.fsdp.sharding_strategy: FULL_SHARD",
+            },
+        },
+    ),
+)
+
+BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+SEARCHED: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.searched is not None)
+NUMERIC: tuple[str, ...] = tuple(
+    d.name for d in DIMENSIONS if d.type is not bool and not issubclass(d.type, Choice)
+)
+
+
+def _field(d: Dimension) -> tuple[type, Any]:
+    bounds = {"ge": d.minimum} if d.type is int and d.minimum is not None else {}
+    return d.type, Field(default=d.default, description=d.help, **bounds)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Layout = create_model(  # type: ignore[call-overload]
+    "Layout",
+    __base__=_Frozen,
+    __doc__="One parallel layout: a value for every dimension in DIMENSIONS.",
+    **{d.name: _field(d) for d in DIMENSIONS},
+)
+
+
+def plain(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every dimension of a row or mapping as plain Python values."""
+    return {d.name: d.plain(values[d.name]) for d in DIMENSIONS}
+
+
+def parse_fix(items: list[str] | None, where: str = "fix") -> dict[str, Any]:
+    """`--fix tp=8,pp=8 --fix zero=1` as typed values; one line naming what is wrong."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        for part in (p.strip() for p in str(item).split(",")):
+            if not part:
+                raise UserError(f"{where}: empty item in '{item}' (expected dimension=value,...)")
+            key, sep, value = part.partition("=")
+            key = key.strip()
+            if not sep or not key or not value.strip():
+                raise UserError(f"{where}: expected dimension=value (got '{part}')")
+            if key not in BY_NAME:
+                raise UserError(f"{where}: unknown dimension '{key}' (allowed: {', '.join(NAMES)})")
+            if key in out:
+                raise UserError(f"{where}: dimension '{key}' given twice (give each once)")
+            out[key] = BY_NAME[key].parse(value, f"{where}: ")
+    return out
+
+
+# -- names -------------------------------------------------------------------------------------
+
+
+def labels(frame: pd.DataFrame) -> pd.Series:
+    """Compact layout names, e.g. 'dp16 tp8 pp8 vp2 sp', for every row at once: the labelled
+    dimensions, each when it is always shown or differs from its default."""
+    out = pd.Series("", index=frame.index, dtype=object)
+    for d in DIMENSIONS:
+        if not d.label:
+            continue
+        values = frame[d.name]
+        if d.type is bool:
+            text = pd.Series(d.label, index=frame.index, dtype=object)
+            shown = values.astype(bool).to_numpy()
+        else:
+            text = d.label.replace("{}", "") + values.astype(int).astype(str)
+            shown = (values.astype(int) != int(d.default)).to_numpy()
+        if d.always_labelled:
+            shown = np.ones(len(frame), bool)
+        out = out.where(~shown, out + " " + text)
+    return out.str.strip()
+
+
+def label(row: Mapping[str, Any]) -> str:
+    """Compact layout name of one row."""
+    return labels(pd.DataFrame([{d.name: row[d.name] for d in DIMENSIONS}])).iloc[0]
+
+
+def recompute_label(row: Mapping[str, Any]) -> str:
+    if str(row["recompute"]) != Recompute.FULL.value:
+        return str(Recompute(str(row["recompute"])).value)
+    return f"full {int(row['recompute_layers'])}/stage"
+
+
+def full_label(row: Mapping[str, Any]) -> str:
+    """Every dimension in words: the structure, micro-batch, recompute and ZeRO stage."""
+    return f"{label(row)} mbs{int(row['mbs'])} {recompute_label(row)} z{int(row['zero'])}"
+
+
+def key(values: Mapping[str, Any]) -> str:
+    """A layout's stable name across sessions (trial keys), every dimension in order."""
+    return "-".join(d.key_part(values[d.name]) for d in DIMENSIONS)
+
+
+def columns(layouts: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The cost model's layout columns (one float array per dimension)."""
+    return {d.name: d.code(layouts[d.name]) for d in DIMENSIONS}
+
+
+def frame_of(rows: list[Mapping[str, Any]] | Mapping[str, Any]) -> pd.DataFrame:
+    """Layouts as a table with one typed column per dimension (plain values)."""
+    rows = [rows] if isinstance(rows, Mapping) else rows
+    return pd.DataFrame([plain(r) for r in rows], columns=list(NAMES))
+
+
+# -- the rules that make a layout impossible ----------------------------------------------------
+
+
+def rules(c: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
+    """(dimension, rule, mask of rows breaking it) for layouts in columns `c`: the layout
+    dimensions plus the model's heads, kv_heads, layers and experts, the run's num_gpus, gbs
+    and seq. Vectorized: every entry of `c` may be a scalar or an array."""
+    tp, pp, vp, cp, ep, dp = (np.asarray(c[k], float) for k in ("tp", "pp", "vp", "cp", "ep", "dp"))
+    etp = np.asarray(c["etp"], float)
+    heads, kv, layers = (np.asarray(c[k], float) for k in ("heads", "kv_heads", "layers"))
+    experts, gbs, mbs = (np.asarray(c[k], float) for k in ("experts", "gbs", "mbs"))
+    seq, gpus = np.asarray(c["seq"], float), np.asarray(c["num_gpus"], float)
+    sp, recompute = np.asarray(c["sp"], float), np.asarray(c["recompute"], float)
+    rlayers = np.asarray(c["recompute_layers"], float)
+    with np.errstate(all="ignore"):
+        return [
+            (
+                "tp",
+                "must divide heads, and divide kv_heads or be a multiple of them",
+                (heads % tp != 0) | ((kv % tp != 0) & (tp % kv != 0)),
+            ),
+            ("dp", "tp*pp*cp must divide the GPU count", (dp != np.round(dp)) | (dp < 1)),
+            ("dp", "tp*pp*cp*dp must equal the GPU count", dp * tp * pp * cp != gpus),
+            ("pp", "cannot exceed layers", pp > layers),
+            ("vp", "virtual stages need pp > 1", (vp > 1) & (pp == 1)),
+            (
+                "cp",
+                "2*cp must divide seq_len (load-balanced chunks)",
+                (cp > 1) & (seq % (2 * cp) != 0),
+            ),
+            ("ep", "expert parallelism needs an MoE model", (ep > 1) & (experts == 0)),
+            ("ep", "must divide num_experts", (experts > 0) & (experts % ep != 0)),
+            ("etp", "expert tensor parallelism needs an MoE model", (etp > 1) & (experts == 0)),
+            # MoE parallel folding (Liu et al. 2025, Megatron-Core): the expert grid etp x ep x
+            # expert-dp re-partitions the same tp*dp*cp ranks as the attention grid.
+            ("ep", "ep*etp must divide tp*dp*cp", (tp * dp * cp) % (ep * etp) != 0),
+            ("gbs", "must be divisible by dp*mbs", gbs % (dp * mbs) != 0),
+            ("sp", "sequence parallelism needs tp > 1", (sp > 0) & (tp == 1)),
+            (
+                "recompute_layers",
+                "only meaningful with recompute full",
+                (recompute != Recompute.FULL.code) & (rlayers > 0),
+            ),
+        ]
+
+
+def first_broken(c: Mapping[str, Any]) -> str:
+    """The first rule a single layout breaks, as 'dimension: rule', or ''."""
+    for name, rule, bad in rules(c):
+        if np.any(bad):
+            return f"{name}: {rule}"
+    return ""
