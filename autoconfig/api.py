@@ -82,7 +82,7 @@ def estimate(
     gpus_per_node: int | None = None,
     sp_saves_gathered: bool | None = None,
     framework: str = "megatron",
-    max_memory_gb: float | None = None,
+    max_memory_gib: float | None = None,
     memory_headroom: float = 0.0,
     auto: Collection[str] = (),
 ) -> pd.DataFrame:
@@ -93,8 +93,8 @@ def estimate(
     them: the fastest choice it can run that fits, else the one needing the least memory
     (autoconfig.rows.resolve); `auto` in the result names them.
     Without `gbs` the batch follows the search's rule (layout_search/batch.py) rounded to a multiple
-    of dp*mbs; `gbs_rule` says which. `mem_limit_gb` is the capacity less `memory_headroom`,
-    at most `max_memory_gb`; `pred_fits` compares the peak with it.
+    of dp*mbs; `gbs_rule` says which. `mem_limit_gib` is the capacity less `memory_headroom`,
+    at most `max_memory_gib`; `pred_fits` compares the peak with it.
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
@@ -114,8 +114,8 @@ def estimate(
     gpu_spec = catalog.get_gpu(gpu)
     if not 0 <= memory_headroom < 1:
         raise UserError(f"memory-headroom: must be a fraction in [0, 1) (got {memory_headroom})")
-    if max_memory_gb is not None and max_memory_gb <= 0:
-        raise UserError(f"max-memory-gb: must be positive (got {max_memory_gb})")
+    if max_memory_gib is not None and max_memory_gib <= 0:
+        raise UserError(f"max-memory-gib: must be positive (got {max_memory_gib})")
     dp = dp if dp is not None else num_gpus // max(tp * pp * cp, 1)
     full = str(recompute) == "full"
     per_stage = int(busiest_rank_layers(spec.layers, max(pp, 1), max(vp, 1)))
@@ -151,13 +151,13 @@ def estimate(
         raise UserError(f"precision: {gpu_spec.name} has no {run.precision.value} tensor cores")
     hardware = Hardware(gpu_spec, catalog.cluster_for(gpu_spec, gpus_per_node), run.precision)
     does = _behaviour(fw, run.precision.value, flash_attention, sp_saves_gathered)
-    limit_gb = gpu_spec.memory_gb * (1 - memory_headroom)
-    if max_memory_gb is not None:
-        limit_gb = min(limit_gb, max_memory_gb)
+    limit_gib = gpu_spec.memory_gib * (1 - memory_headroom)
+    if max_memory_gib is not None:
+        limit_gib = min(limit_gib, max_memory_gib)
     auto = auto_settings(auto)
     shape = _shape(spec, num_gpus, run)  # what --auto may change leaves these alone
     if auto:
-        run = as_framework_would(fw, spec, hardware, does, run, frozenset(auto), limit_gb, shape)
+        run = as_framework_would(fw, spec, hardware, does, run, frozenset(auto), limit_gib, shape)
     codes = {**layout.columns(layout.frame_of(run.model_dump())), **shape}
     broken = layout.first_broken(codes) or frameworks.first_broken(fw, codes)
     if broken:
@@ -181,8 +181,8 @@ def estimate(
         "auto": ",".join(auto),
     }
     out = pd.concat([pd.DataFrame([row]), pd.DataFrame(preds), _links(inputs)], axis=1)
-    out["mem_limit_gb"] = limit_gb
-    out["pred_fits"] = out["pred_peak_mem_gb"] <= limit_gb
+    out["mem_limit_gib"] = limit_gib
+    out["pred_fits"] = out["pred_peak_mem_gib"] <= limit_gib
     return out
 
 
@@ -236,7 +236,7 @@ def search(
     max_tp: int | None = None,
     max_pp: int | None = None,
     min_dp: int | None = None,
-    max_memory_gb: float | None = None,
+    max_memory_gib: float | None = None,
     memory_headroom: float = 0.0,
     gpus_per_node: int | None = None,
     flash_attention: bool = True,
@@ -258,7 +258,7 @@ def search(
         max_tp=max_tp,
         max_pp=max_pp,
         min_dp=min_dp,
-        max_memory_gb=max_memory_gb,
+        max_memory_gib=max_memory_gib,
         memory_headroom=memory_headroom,
         gpus_per_node=gpus_per_node,
         flash_attention=flash_attention,

@@ -47,23 +47,23 @@ def fitted() -> dict:
     # From the middle of every range, as each left-out refit starts (validate_left_out.py), so
     # the shipped constants are the ones that procedure gives with every group in.
     constants, cost, rows_by_chip = fit_time_constants(fit, neutral_start())
-    mem_gb = pd.to_numeric(fit_all["measured_peak_mem_gb"], errors="coerce")
+    mem_gib = pd.to_numeric(fit_all["measured_peak_mem_gib"], errors="coerce")
     all_rows = read_training_rows(fit_all)
     overhead, reserved = fit_memory(
-        all_rows.inputs(), (all_rows.errors == "").to_numpy(), fit_all, mem_gb
+        all_rows.inputs(), (all_rows.errors == "").to_numpy(), fit_all, mem_gib
     )
     weighed = measured.notna() & ~fit["source_group"].isin(THROUGHPUT_APART)
     groups = ", ".join(sorted(fit.loc[weighed, "source_group"].unique()))
     print(
         f"fitted on {int(weighed.sum())} throughput rows ({groups}); "
-        f"{int(mem_gb.notna().sum())} peak-memory rows; robust cost {cost:.3f}"
+        f"{int(mem_gib.notna().sum())} peak-memory rows; robust cost {cost:.3f}"
     )
     return {
         "constants": constants,
         "memory_overhead": overhead,
-        "memory_reserved_gb": reserved,
+        "memory_reserved_gib": reserved,
         "rows_by_chip": rows_by_chip,
-        "peak_rows": int(mem_gb.notna().sum()),
+        "peak_rows": int(mem_gib.notna().sum()),
         "status_rows": len(fit_all),
     }
 
@@ -84,7 +84,7 @@ def write_profiles(fit: dict) -> None:
         shared = constants[source_chip]
         eff.update({k: round(v, 5) for k, v in shared.items() if k in SHARED_CONSTANTS})
         eff["memory_overhead"] = round(fit["memory_overhead"], 5)
-        eff["memory_reserved_gb"] = round(fit["memory_reserved_gb"], 4)
+        eff["memory_reserved_gib"] = round(fit["memory_reserved_gib"], 4)
         rows = sum(fit["rows_by_chip"].values())
         how = (
             f"{', '.join(SHARED_CONSTANTS)}: one value for every chip, fitted by "
@@ -113,7 +113,7 @@ def main() -> None:
         print(chip, {k: round(v, 4) for k, v in values.items()})
     print(
         f"memory_overhead={fit['memory_overhead']:.4f} "
-        f"memory_reserved_gb={fit['memory_reserved_gb']:.3f}"
+        f"memory_reserved_gib={fit['memory_reserved_gib']:.3f}"
     )
     if args.save:
         args.save.write_text(json.dumps(fit, indent=1))

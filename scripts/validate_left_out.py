@@ -150,16 +150,16 @@ def _memory_margin(shipped_rows: pd.DataFrame) -> dict:
         if run["config"].get("compile"):
             continue
         pred = predicted(TrainConfig.model_validate(run["config"]), TRAINER_PROFILE, "cuda")
-        peak, capacity = float(pred["pred_peak_mem_gb"]), float(pred["mem_capacity_gb"])
-        if run["status"] == "ok" and run.get("peak_reserved_gb"):
-            ratios[run["case"]] = float(run["peak_reserved_gb"]) / peak
+        peak, capacity = float(pred["pred_peak_mem_gib"]), float(pred["mem_capacity_gib"])
+        if run["status"] == "ok" and run.get("peak_reserved_gib"):
+            ratios[run["case"]] = float(run["peak_reserved_gib"]) / peak
         elif run["status"] == "oom":
             ooms[run["case"]] = peak / capacity
     case = max(ratios, key=lambda c: ratios[c])
     safe = 1 / ratios[case]
-    measured = pd.to_numeric(shipped_rows["measured_peak_mem_gb"], errors="coerce")
+    measured = pd.to_numeric(shipped_rows["measured_peak_mem_gib"], errors="coerce")
     ran = shipped_rows[measured.notna() & (shipped_rows["error"] == "")]
-    log_ratio = np.log(measured[ran.index] / ran["pred_peak_mem_gb"].astype(float))
+    log_ratio = np.log(measured[ran.index] / ran["pred_peak_mem_gib"].astype(float))
     published = spread.weighted_quantiles(log_ratio, ran["source_group"], (0.5,))[0]
     return {
         "safe_share": round(safe, 4),

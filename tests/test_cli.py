@@ -127,7 +127,7 @@ def test_batch_estimate_keeps_going_past_bad_rows(tmp_path: Path, reference: Pat
         "pred_tokens_per_s_per_gpu",
         "pred_model_tflops_per_gpu",
         "pred_mfu",
-        "pred_peak_mem_gb",
+        "pred_peak_mem_gib",
         "pred_fits",
         "error",
     ):

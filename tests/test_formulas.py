@@ -147,7 +147,7 @@ def test_mixtral_active_parameters() -> None:
 def test_fits_compares_peak_with_capacity() -> None:
     out = evaluate(make_inputs("gpt3-175b", tp=1, dp=1))
     assert not bool(out["pred_fits"][0])  # 175B on one GPU cannot fit
-    assert float(out["pred_peak_mem_gb"][0]) > 175e9 * 18 / 2**30
+    assert float(out["pred_peak_mem_gib"][0]) > 175e9 * 18 / 2**30
 
 
 def test_op_level_checkpointing_keeps_input_attention_and_half_the_matmuls() -> None:

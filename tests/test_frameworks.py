@@ -339,7 +339,7 @@ def test_a_failed_nanotron_row_keeps_nanotrons_default_tensor_parallel_mode() ->
         pd.DataFrame([row | {"status": "crash_or_oom"}, row | {"status": "ok"}])
     ).itertuples()
     assert not failed.resolved_sp and ran.resolved_sp
-    assert failed.pred_peak_mem_gb > ran.pred_peak_mem_gb
+    assert failed.pred_peak_mem_gib > ran.pred_peak_mem_gib
 
 
 def _nanotron_placement(
@@ -643,7 +643,7 @@ def test_a_stated_none_is_a_value_not_a_blank() -> None:
     assert (unknown.resolved_recompute, bool(unknown.pred_fits)) == ("full", True)
     # gpt3-1.3b has learned positions (2048 x 2048 weights): stated "none" drops them.
     learned, dropped = api.estimate_frame(pd.DataFrame([row, row | {"position": "none"}]))[
-        "mem_weights_gb"
+        "mem_weights_gib"
     ]
     assert learned - dropped == pytest.approx(2 * 2048 * 2048 / 2**30, rel=1e-6)
 

@@ -224,7 +224,7 @@ def _fuzz_search(files, data) -> None:
         "max-tp": count(1, 8),
         "max-pp": count(1, 8),
         "min-dp": count(1, 8),
-        "max-memory-gb": amount(),
+        "max-memory-gib": amount(),
         "memory-headroom": mostly(
             st.sampled_from(["0", "0.1", "0.5"]), st.sampled_from(["1", "-0.1", "nan"])
         ),

@@ -95,7 +95,7 @@ def _training_rows(frame: pd.DataFrame) -> None:
         return
     assert len(out) == len(frame)
     assert out["error"].map(lambda e: "\n" not in e).all()
-    _figures_are_sane(out, ["pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_peak_mem_gb"])
+    _figures_are_sane(out, ["pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_peak_mem_gib"])
     text = csv_text(out)  # what estimate --runs writes: no cell a spreadsheet would run
     written = pd.read_csv(pd.io.common.StringIO(text), dtype=str, keep_default_na=False)
     for col in written.columns:

@@ -50,7 +50,7 @@ def test_a_layers_activations_under_autocast_match_the_h100(run: dict) -> None:
 
 @pytest.mark.parametrize("run", [r for r in _runs() if r["status"] == "ok"])
 def test_the_trainers_peak_memory_on_the_h100(run: dict) -> None:
-    assert _predicted(run)["pred_peak_mem_gb"] == pytest.approx(run["peak_allocated_gb"], rel=0.1)
+    assert _predicted(run)["pred_peak_mem_gib"] == pytest.approx(run["peak_allocated_gib"], rel=0.1)
 
 
 @pytest.mark.parametrize("run", [r for r in _runs() if r["slice_forward_ms"]])
@@ -170,7 +170,7 @@ def test_what_a_micro_batch_costs_the_trainer_on_the_h100(name: str, family: str
     ],
 )
 def test_the_micro_batch_runs_peak_memory_on_the_h100(cfg: TrainConfig, run: dict) -> None:
-    assert _predicted(run)["pred_peak_mem_gb"] == pytest.approx(run["peak_allocated_gb"], rel=0.1)
+    assert _predicted(run)["pred_peak_mem_gib"] == pytest.approx(run["peak_allocated_gib"], rel=0.1)
 
 
 def test_fsdp2s_copies_cost_what_the_h100_measured() -> None:

@@ -41,3 +41,21 @@ def test_resume_without_measure_is_refused(tmp_path) -> None:
     result = run_cli(*SEARCH, "--resume", "--out", str(tmp_path / "runs"))
     assert_user_error(result, "resume", "--measure")
     assert not (tmp_path / "runs").exists()
+
+
+def test_old_gb_names_still_read_as_gib(tmp_path) -> None:
+    """A GPU profile and flags written before GiB was named GiB keep working, with the same
+    figure: `memory_gb: 79.6` is 79.6 GiB, and --max-memory-gb is --max-memory-gib."""
+    import yaml
+
+    from autoconfig.spec import catalog
+
+    shipped = catalog.get_gpu("h100-sxm-80gb").model_dump(mode="json")
+    shipped["memory_gb"] = shipped.pop("memory_gib")
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(shipped))
+    assert catalog.get_gpu(str(old)).memory_gib == shipped["memory_gb"]
+    new = run_cli("search", "--model", "tiny-llama", "--gpus", "8", "--max-memory-gib", "20")
+    legacy = run_cli("search", "--model", "tiny-llama", "--gpus", "8", "--max-memory-gb", "20")
+    assert new.returncode == legacy.returncode == 0
+    assert new.stdout == legacy.stdout

@@ -66,7 +66,7 @@ def _runs() -> pd.DataFrame:
     predicted, _ = predict_with(runs, _shipped())
     halved = np.where(runs["source_group"] == "slow", 0.5, 1.0)
     runs["measured_tokens_per_s_per_gpu"] = (predicted * halved).astype(str)
-    for col in ["measured_mfu", "measured_model_tflops_per_gpu", "measured_peak_mem_gb"]:
+    for col in ["measured_mfu", "measured_model_tflops_per_gpu", "measured_peak_mem_gib"]:
         runs[col] = ""
     runs["fit_set"] = True
     return runs

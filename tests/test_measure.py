@@ -98,9 +98,9 @@ def test_local_measured_search_ranks_measured_trials(local_search) -> None:
     # sets the model's figures for the run as launched (fp32 CPU ranks) beside the search's.
     for _, trial in trials.iterrows():
         metrics = read_metrics(Path(trial["run_dir"]) / "metrics.json")
-        own = metrics.predicted["pred_peak_mem_gb"]
-        assert trial["run_pred_peak_mem_gb"] == pytest.approx(own)
-        assert trial["run_pred_peak_mem_gb"] > trial["pred_peak_mem_gb"]  # fp32 against bf16
+        own = metrics.predicted["pred_peak_mem_gib"]
+        assert trial["run_pred_peak_mem_gib"] == pytest.approx(own)
+        assert trial["run_pred_peak_mem_gib"] > trial["pred_peak_mem_gib"]  # fp32 against bf16
     # The search's own work around each trial (launch, polling, collection) stays small.
     assert trials["overhead_s"].median() < 10
 
@@ -129,7 +129,7 @@ def test_every_failure_class_is_recorded_and_the_study_completes(tmp_path) -> No
     faults = {"AUTOCONFIG_MEASURE_FAULTS": "1:alloc@0,2:sleep@1,3:crash@1,4:abort@1"}
     started = time.time()
     done = search(
-        out, "--gpus", "2", "--trials", "5", "--trial-memory-gb", "2",
+        out, "--gpus", "2", "--trials", "5", "--trial-memory-gib", "2",
         "--trial-timeout-min", str(TIMEOUT_S / 60), env=faults,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

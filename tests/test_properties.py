@@ -40,7 +40,7 @@ def _inputs(model: str, layout: dict) -> CostInputs:
 
 
 def _peak(model: str, layout: dict) -> float:
-    return float(evaluate(_inputs(model, layout))["pred_peak_mem_gb"][0])
+    return float(evaluate(_inputs(model, layout))["pred_peak_mem_gib"][0])
 
 
 @settings(max_examples=60, deadline=None)

@@ -24,7 +24,7 @@ from autoconfig.base.errors import UserError
 from autoconfig.base.intmath import divisors
 from autoconfig.spec import catalog
 from autoconfig.trainer.config import make_config
-from autoconfig.trainer.hostmem import check_fits, need_gb
+from autoconfig.trainer.hostmem import check_fits, need_gib
 
 BUDGET_GB = 2.0  # predicted memory of a full-width run: keeps the walk to minutes on 2 cores
 # A slice predicted above this runs one layer instead of two: one tp rank of nemotron-3-ultra's
@@ -43,14 +43,14 @@ def _models() -> list[str]:
 def _flags(name: str) -> tuple[str, ...]:
     """Full width when it fits the budget, else the smallest slice the trainer runs (with
     one layer when two would not fit MACHINE_GB)."""
-    if need_gb(make_config(model=name, **RUN)) <= BUDGET_GB:
+    if need_gib(make_config(model=name, **RUN)) <= BUDGET_GB:
         return ("--layers", "2")
     for tp in reversed(divisors(catalog.get_model(name).heads)):
         try:
             cfg = make_config(model=name, slice=True, tp=tp, **RUN)
         except UserError:
             continue
-        layers = 2 if need_gb(cfg) <= MACHINE_GB else 1
+        layers = 2 if need_gib(cfg) <= MACHINE_GB else 1
         return ("--slice", "--tp", str(tp), "--layers", str(layers))
     raise AssertionError(f"{name}: the trainer runs no slice of it")
 
@@ -85,8 +85,8 @@ def _cost(name: str) -> float:
     """Predicted memory of the run _flags picks, as the cheapest-to-train measure."""
     flags = _flags(name)
     if "--slice" not in flags:
-        return need_gb(make_config(model=name, **RUN))
-    return need_gb(
+        return need_gib(make_config(model=name, **RUN))
+    return need_gib(
         make_config(model=name, slice=True, tp=int(flags[2]), **{**RUN, "layers": int(flags[-1])})
     )
 

@@ -43,7 +43,7 @@ def test_candidates_obey_the_layout_rules(result, gpt175) -> None:
 def test_feasible_rows_fit_and_are_sorted(result, gpt175) -> None:
     feasible = gpt175[gpt175["pruned"] == ""]
     assert len(feasible) == result.feasible > 0
-    assert (feasible["pred_peak_mem_gb"] <= feasible["mem_limit_gb"]).all()
+    assert (feasible["pred_peak_mem_gib"] <= feasible["mem_limit_gib"]).all()
     from autoconfig.layout_search.rank import MEMORY_RISK_RULE, NEAR_TIE, RANK_BY
 
     tps = feasible[RANK_BY].to_numpy()
@@ -56,7 +56,7 @@ def test_feasible_rows_fit_and_are_sorted(result, gpt175) -> None:
     assert (tps[up + 1][~memory] <= tps[up][~memory] * 1.0102).all()
     assert (tps[up + 1][memory] <= tps[up][memory] / (1 - NEAR_TIE) * 1.0001).all()
     pruned = gpt175[gpt175["pruned"] != ""]
-    assert (pruned["pred_peak_mem_gb"] > pruned["mem_limit_gb"]).all()
+    assert (pruned["pred_peak_mem_gib"] > pruned["mem_limit_gib"]).all()
     assert list(feasible["rank"][:3]) == [1, 2, 3]
 
 
@@ -80,7 +80,9 @@ def test_search_agrees_with_estimate(result, gpt175) -> None:
     assert float(one.at[0, "pred_tokens_per_s_per_gpu"]) == pytest.approx(
         best["pred_tokens_per_s_per_gpu"], rel=1e-9
     )
-    assert float(one.at[0, "pred_peak_mem_gb"]) == pytest.approx(best["pred_peak_mem_gb"], rel=1e-9)
+    assert float(one.at[0, "pred_peak_mem_gib"]) == pytest.approx(
+        best["pred_peak_mem_gib"], rel=1e-9
+    )
 
 
 def test_constraints_narrow_the_result() -> None:
@@ -108,9 +110,9 @@ def test_equal_speed_ties_are_broken_by_what_users_prefer() -> None:
     from autoconfig.layout_search.rank import order_ties
 
     row = {"tp": 4, "cp": 1, "pp": 2, "vp": 1, "pred_tokens_per_s_per_gpu": 1000.0,
-           "pred_peak_mem_gb": 40.0, "mem_limit_gb": 80.0}  # fmt: skip
+           "pred_peak_mem_gib": 40.0, "mem_limit_gib": 80.0}  # fmt: skip
     cases = {
-        "more memory headroom": ({"pred_peak_mem_gb": 70.0}, {}),
+        "more memory headroom": ({"pred_peak_mem_gib": 70.0}, {}),
         "fewer GPUs in cross-node groups": ({"pp": 8}, {}),  # 4 x 8 = 32 GPUs over 8 a node
         "no context parallelism": ({"cp": 2, "tp": 2}, {}),
         "no interleaving": ({"vp": 2}, {}),
@@ -122,7 +124,7 @@ def test_equal_speed_ties_are_broken_by_what_users_prefer() -> None:
         assert ranked.iloc[0]["pred_tokens_per_s_per_gpu"] == 1000.0, rule
         assert ranked.iloc[0]["tie_break"] == rule
     far = order_ties(
-        pd.DataFrame([row | {"pred_peak_mem_gb": 70.0, "pred_tokens_per_s_per_gpu": 1100.0}, row])
+        pd.DataFrame([row | {"pred_peak_mem_gib": 70.0, "pred_tokens_per_s_per_gpu": 1100.0}, row])
     )
     assert far.iloc[0]["pred_tokens_per_s_per_gpu"] == 1100.0 and far["tie_break"].eq("").all()
 
@@ -245,7 +247,7 @@ def test_explanation_names_the_part_that_differs() -> None:
 
     from autoconfig.layout_search.rank import TIME_PARTS, explain_winner
 
-    base = {col: 1.0 for col in TIME_PARTS} | {"pruned": "", "pred_peak_mem_gb": 10.0,
+    base = {col: 1.0 for col in TIME_PARTS} | {"pruned": "", "pred_peak_mem_gib": 10.0,
             "tp": 4, "cp": 1, "pp": 2, "vp": 1}  # fmt: skip
     a = base | {"pred_tokens_per_s_per_gpu": 120.0, "time_dp_comm_s": 0.2, "time_tp_comm_s": 1.3}
     b = base | {"pred_tokens_per_s_per_gpu": 100.0, "time_dp_comm_s": 1.5}
@@ -254,14 +256,14 @@ def test_explanation_names_the_part_that_differs() -> None:
     assert "though more exposed TP communication (1.300 s vs 1.000 s)" in text
     assert "near-tie" not in text
     # #1 uses MORE memory but wins a tie on another rule: the line must not say "less memory"
-    more = a | {"pred_peak_mem_gb": 76.6, "vp": 1, "tie_break": "no interleaving"}
-    tie = explain_winner(pd.DataFrame([more, a | {"pred_peak_mem_gb": 76.5, "vp": 2}]))
+    more = a | {"pred_peak_mem_gib": 76.6, "vp": 1, "tie_break": "no interleaving"}
+    tie = explain_winner(pd.DataFrame([more, a | {"pred_peak_mem_gib": 76.5, "vp": 2}]))
     assert (
         "equal speed" in tie and "no interleaving (vp 1 vs 2)" in tie and "less memory" not in tie
     )
-    tie = explain_winner(pd.DataFrame([a | {"pred_peak_mem_gb": 8.0}, a]))
+    tie = explain_winner(pd.DataFrame([a | {"pred_peak_mem_gib": 8.0}, a]))
     assert "equal speed" in tie and "less memory (8.0 vs 10.0 GiB)" in tie
-    tie = explain_winner(pd.DataFrame([a | {"pred_peak_mem_gb": 12.0}, a]))
+    tie = explain_winner(pd.DataFrame([a | {"pred_peak_mem_gib": 12.0}, a]))
     assert "memory" not in tie
 
 
@@ -308,4 +310,4 @@ def test_the_full_recompute_advice_recomputes_every_layer_of_an_uneven_stage() -
     full = api.estimate(
         "gpt3-175b", "a100-sxm-80gb", 40, tp=8, pp=5, mbs=2, gbs=64, recompute="full"
     )
-    assert advised == pytest.approx(float(full["pred_peak_mem_gb"].iloc[0]), abs=0.05)
+    assert advised == pytest.approx(float(full["pred_peak_mem_gib"].iloc[0]), abs=0.05)

@@ -69,7 +69,7 @@ def test_kv_capacity_by_hand() -> None:
     cap = kv_capacity(s)
     assert cap.token_bytes[0] == pytest.approx(2 * 1 * 128 * 80 * 1)
     gpu = catalog.get_gpu("h100-sxm-80gb")
-    free = gpu.memory_gb * GIB - cap.weights - cap.activations - cap.reserved
+    free = gpu.memory_gib * GIB - cap.weights - cap.activations - cap.reserved
     expected = np.floor(0.9 * free / 20480 / 16) * 16
     assert cap.tokens[0] == pytest.approx(expected[0])
     # fp8 weights of a 70B model on 8 GPUs: about 70.6e9 / 8 bytes

@@ -57,17 +57,17 @@ def test_kv_cache_is_gqa_aware_and_replicated_past_kv_heads() -> None:
     for tp in (8, 16):
         out = predict_frame(points(tp=tp, batch_size=4, input_len=1000, output_len=24))
         expected = 4 * 1024 * 80 * 512 / GIB
-        assert out.at[0, "mem_kv_cache_gb"] == pytest.approx(expected, rel=1e-5)
+        assert out.at[0, "mem_kv_cache_gib"] == pytest.approx(expected, rel=1e-5)
     mha = predict_frame(points("gpt3-175b", tp=8, batch_size=2, input_len=100, output_len=28))
     # gpt3-175b: 96 layers, 96 heads of 128 -> 12 heads per GPU at tp 8.
-    assert mha.at[0, "mem_kv_cache_gb"] == pytest.approx(2 * 128 * 96 * 2 * 12 * 128 * 2 / GIB)
+    assert mha.at[0, "mem_kv_cache_gib"] == pytest.approx(2 * 128 * 96 * 2 * 12 * 128 * 2 / GIB)
 
 
 def test_fp8_kv_and_int8_weights_halve_their_bytes() -> None:
     base = predict_frame(points(tp=8, batch_size=8))
     int8 = predict_frame(points(tp=8, batch_size=8, precision="int8", kv_precision="fp8"))
-    assert int8.at[0, "mem_kv_cache_gb"] == pytest.approx(base.at[0, "mem_kv_cache_gb"] / 2)
-    assert int8.at[0, "mem_weights_gb"] == pytest.approx(base.at[0, "mem_weights_gb"] / 2)
+    assert int8.at[0, "mem_kv_cache_gib"] == pytest.approx(base.at[0, "mem_kv_cache_gib"] / 2)
+    assert int8.at[0, "mem_weights_gib"] == pytest.approx(base.at[0, "mem_weights_gib"] / 2)
     # the decode step streams half the bytes (its all-reduces do not change)
     assert int8.at[0, "time_decode_compute_ms"] < 0.6 * base.at[0, "time_decode_compute_ms"]
     assert int8.at[0, "time_decode_tp_ms"] == pytest.approx(base.at[0, "time_decode_tp_ms"])
@@ -127,7 +127,7 @@ def test_vectorized_equals_one_at_a_time() -> None:
     together = predict_frame(frame)
     for i in range(len(frame)):
         alone = predict_frame(frame.iloc[[i]])
-        for col in ("pred_ttft_ms", "pred_tpot_ms", "pred_latency_ms", "pred_peak_mem_gb"):
+        for col in ("pred_ttft_ms", "pred_tpot_ms", "pred_latency_ms", "pred_peak_mem_gib"):
             assert together.at[i, col] == pytest.approx(alone.at[0, col], rel=1e-6)
 
 
@@ -155,7 +155,7 @@ def test_properties(model, tp, pp, batch, input_len, output_len) -> None:
     for col in ("pred_ttft_ms", "pred_tpot_ms", "pred_latency_ms"):
         values = out[col].astype(float)
         assert np.isfinite(values).all() and (values > 0).all()
-    mem = out["pred_peak_mem_gb"].astype(float)
+    mem = out["pred_peak_mem_gib"].astype(float)
     assert mem[1] <= mem[0] * (1 + 1e-6)  # wider TP holds less per GPU
     assert mem[2] <= mem[0] * (1 + 1e-6)  # more stages hold less per GPU
     assert mem[4] <= mem[0] * (1 + 1e-6)  # a narrower K/V cache holds less

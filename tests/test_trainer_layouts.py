@@ -274,7 +274,7 @@ def test_a_slice_is_predicted_with_the_parameters_it_builds(model: str, tp: int)
     """A slice holds one tp rank's shapes on one device, its experts already cut by tp: the
     prediction must not cut them again by etp (it did, 64x under for a 512-expert slice)."""
     cfg = make_config(model=model, slice=True, tp=tp, layers=2, seq_len=64)
-    weights = prediction.predicted(cfg, "cpu-gloo")["mem_weights_gb"] * 2**30 / 2  # 16-bit
+    weights = prediction.predicted(cfg, "cpu-gloo")["mem_weights_gib"] * 2**30 / 2  # 16-bit
     assert weights == pytest.approx(cfg.trained_spec().param_count(), rel=1e-6)
 
 

@@ -67,8 +67,8 @@ def test_regimes_follow_depth_nodes_zero3_and_memory() -> None:
             "cp": [1, 2, 1, 2, 1, 1, 1],
             "dp": [1, 1, 1, 1, 4, 8, 1],
             "zero": [0, 1, 1, 1, 3, 3, 1],
-            "pred_peak_mem_gb": [10, 10, 10, 10, 10, 10, 76],
-            "mem_capacity_gb": [80] * 7,
+            "pred_peak_mem_gib": [10, 10, 10, 10, 10, 10, 76],
+            "mem_capacity_gib": [80] * 7,
         }
     )
     flags = spread.regimes(t, 8)
@@ -101,8 +101,8 @@ def test_a_row_in_several_regimes_takes_the_widest_side_of_each() -> None:
 
 
 def _row(**kw: object) -> dict:
-    base = {"tp": 4, "cp": 1, "pp": 2, "vp": 1, "pred_peak_mem_gb": 40.0, "mem_limit_gb": 80.0,
-            "mem_capacity_gb": 80.0, "memory_risk": False}  # fmt: skip
+    base = {"tp": 4, "cp": 1, "pp": 2, "vp": 1, "pred_peak_mem_gib": 40.0, "mem_limit_gib": 80.0,
+            "mem_capacity_gib": 80.0, "memory_risk": False}  # fmt: skip
     return base | kw
 
 
@@ -136,13 +136,13 @@ def test_the_searched_ranking_is_monotone_in_its_conservative_estimate(searched)
     assert (low >= best_below * (1 - rank.NEAR_TIE) - 1e-9).all()
     # the band is ordered, and the flag is the line the spread asset states
     assert (searched["pred_tokens_per_s_per_gpu_high"] >= low).all()
-    cap = searched["mem_capacity_gb"] * rank.SPREAD.safe_share
-    assert (searched["memory_risk"] == (searched["pred_peak_mem_gb"] > cap)).all()
+    cap = searched["mem_capacity_gib"] * rank.SPREAD.safe_share
+    assert (searched["memory_risk"] == (searched["pred_peak_mem_gib"] > cap)).all()
 
 
 def test_memory_risk_puts_a_near_tie_below_a_safe_one_but_not_a_clear_win() -> None:
     top = 1000.0
-    risky = _row(pred_tokens_per_s_per_gpu_low=top, pred_peak_mem_gb=79.0, memory_risk=True)
+    risky = _row(pred_tokens_per_s_per_gpu_low=top, pred_peak_mem_gib=79.0, memory_risk=True)
     near = _row(pred_tokens_per_s_per_gpu_low=top * (1 - rank.NEAR_TIE / 2))
     far = _row(pred_tokens_per_s_per_gpu_low=top * (1 - 2 * rank.NEAR_TIE))
     frame = pd.DataFrame([risky, near, far]).assign(

@@ -293,7 +293,7 @@ def test_published_peaks_are_read_in_gib_whatever_unit_the_table_holds(tmp_path)
     ]
     cols = {"model": "llama3-8b", "recompute": ""}
     pd.DataFrame([cols | r for r in rows]).to_csv(tmp_path / "runs.csv", index=False)
-    peaks = load_training_runs(tmp_path / "runs.csv").set_index("run_id")["measured_peak_mem_gb"]
+    peaks = load_training_runs(tmp_path / "runs.csv").set_index("run_id")["measured_peak_mem_gib"]
     assert float(peaks["titan"]) == pytest.approx(72.7, abs=0.001)  # its source's "72.7 GiB"
     assert float(peaks["sweep"]) == 19.5
     assert peaks["blank"] == ""

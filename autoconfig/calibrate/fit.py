@@ -187,9 +187,9 @@ def prior_distance(theta: np.ndarray, prior: np.ndarray, eps: np.ndarray) -> np.
 
 
 def fit_memory(
-    x: CostInputs, valid: np.ndarray, runs: pd.DataFrame, measured_gb: pd.Series
+    x: CostInputs, valid: np.ndarray, runs: pd.DataFrame, measured_gib: pd.Series
 ) -> tuple[float, float]:
-    """Fits (memory_overhead fraction, memory_reserved_gb) so that
+    """Fits (memory_overhead fraction, memory_reserved_gib) so that
     peak = parts * (1 + overhead) + reserved agrees with all the memory evidence:
 
     - measured peaks (relative error; each source group weighs the same, since allocators
@@ -199,11 +199,11 @@ def fit_memory(
       way (the sweep does not tell crashes from OOMs).
     """
     with np.errstate(all="ignore"):
-        mem = memory(replace(x, mem_overhead=np.float32(0.0), mem_reserved_gb=np.float32(0.0)))
+        mem = memory(replace(x, mem_overhead=np.float32(0.0), mem_reserved_gib=np.float32(0.0)))
     base = np.broadcast_to(mem.total / GIB, valid.shape).astype(float)
-    capacity = np.broadcast_to(x.memory_gb, valid.shape).astype(float)
-    has_peak = valid & measured_gb.notna().to_numpy()
-    meas = measured_gb.to_numpy()[has_peak]
+    capacity = np.broadcast_to(x.memory_gib, valid.shape).astype(float)
+    has_peak = valid & measured_gib.notna().to_numpy()
+    meas = measured_gib.to_numpy()[has_peak]
     groups = runs.loc[has_peak, "source_group"]
     peak_w = np.sqrt(1.0 / groups.map(groups.value_counts()).to_numpy(dtype=float))
     status = runs["status"].to_numpy()

@@ -208,7 +208,7 @@ def _regime_columns(x: CostInputs, out: dict[str, np.ndarray], n: int) -> pd.Dat
         name: np.broadcast_to(np.asarray(getattr(x, name), float), n)
         for name in ("tp", "cp", "pp", "dp", "zero", "gpus_per_node")
     }
-    for name in ("pred_peak_mem_gb", "mem_capacity_gb"):
+    for name in ("pred_peak_mem_gib", "mem_capacity_gib"):
         cols[name] = np.broadcast_to(np.asarray(out[name], float), n)
     frame = pd.DataFrame(cols)
     return pd.concat([frame, spread.regimes(frame, frame["gpus_per_node"])], axis=1)

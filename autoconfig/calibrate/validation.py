@@ -79,7 +79,7 @@ SCHEDULE_DEFAULTS: dict[str, tuple[str, str, str]] = {
 # attention-only selective recompute.
 RECOMPUTE_MEANING: dict[str, dict[str, str]] = {"torchtitan": {"selective": "op"}}
 
-# The CSV's measured_peak_mem_gb is in decimal GB: its torchtitan rows convert the GiB their
+# The CSV's measured_peak_mem_gib is in decimal GB: its torchtitan rows convert the GiB their
 # sources publish ("peak memory 72.7 GiB" is 78.061). autoconfig counts memory in GiB
 # (vocab.GIB), so those figures are read back in GiB. The Ultra-Scale Playbook's figures are
 # nanotron's own "GB", which nanotron computes as bytes / 1024**3 (nanotron 0.4 helpers.py,
@@ -147,7 +147,7 @@ def load_training_runs(path: Path | None = None) -> pd.DataFrame:
                 runs[column] = ""
             rows = (runs["source_group"] == group) & runs["model"].str.startswith(recipes)
             runs.loc[rows & (runs[column] == ""), column] = "y"
-    runs["measured_peak_mem_gb"] = peak_memory_gib(runs)
+    runs["measured_peak_mem_gib"] = peak_memory_gib(runs)
     runs["fit_set"] = runs["run_id"].map(in_fit_set)
     return runs
 
@@ -596,9 +596,9 @@ def fits_table(out: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_table(out: pd.DataFrame) -> pd.DataFrame:
-    meas = pd.to_numeric(out["measured_peak_mem_gb"], errors="coerce")
+    meas = pd.to_numeric(out["measured_peak_mem_gib"], errors="coerce")
     sel = out[meas.notna() & (out["error"] == "")]
-    ape = (sel["pred_peak_mem_gb"].astype(float) / meas[sel.index] - 1).abs()
+    ape = (sel["pred_peak_mem_gib"].astype(float) / meas[sel.index] - 1).abs()
     rows = [
         {"source_group": grp, **error_stats(ape[g.index])} for grp, g in sel.groupby("source_group")
     ]

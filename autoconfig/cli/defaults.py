@@ -58,8 +58,15 @@ def framework(help: str = "the framework that runs it (what it overlaps and fuse
     )
 
 
-def max_memory_gb() -> float:
-    return typer.Option(None, help="per-GPU memory limit, GiB", callback=AMOUNT)
+def max_memory_gib() -> float:
+    # --max-memory-gb is the name before every GiB was named GiB; old scripts keep working.
+    return typer.Option(
+        None,
+        "--max-memory-gib",
+        "--max-memory-gb",
+        help="per-GPU memory limit, GiB (2^30 bytes)",
+        callback=AMOUNT,
+    )
 
 
 def memory_headroom() -> float:

@@ -62,7 +62,7 @@ def estimate(
     precision: Precision = defaults.precision(),
     flash: bool = typer.Option(True, "--flash/--no-flash", help="flash attention"),
     framework: Framework = defaults.framework(),
-    max_memory_gb: float = defaults.max_memory_gb(),
+    max_memory_gib: float = defaults.max_memory_gib(),
     memory_headroom: float = defaults.memory_headroom(),
     gpus_per_node: int = typer.Option(
         None, help="GPUs per node (default: the GPU's cluster)", callback=COUNT
@@ -119,7 +119,7 @@ def estimate(
         flash_attention=flash,
         gpus_per_node=gpus_per_node,
         framework=framework.value,
-        max_memory_gb=max_memory_gb,
+        max_memory_gib=max_memory_gib,
         memory_headroom=memory_headroom,
         auto=chosen_names,
     )
@@ -151,7 +151,7 @@ def estimate(
         seq_len=int(row["seq_len"]),
         gbs=int(row["gbs"]),
         precision=precision.value,
-        max_memory_gb=max_memory_gb,
+        max_memory_gib=max_memory_gib,
         memory_headroom=memory_headroom,
         gpus_per_node=gpus_per_node,
         flash_attention=flash,

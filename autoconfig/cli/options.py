@@ -124,7 +124,7 @@ def measure_options(flags: dict[str, Any], cpu: bool) -> MeasureOptions:
         candidates=f["candidates"],
         storage=f["storage"],
         resume=f["resume"],
-        trial_memory_gb=f["trial_memory_gb"],
+        trial_memory_gib=f["trial_memory_gib"],
         capacity_factor=f.get("capacity_factor"),  # training trials only
         seed=f["seed"],
         slurm=SlurmOptions(

@@ -36,7 +36,7 @@ def plan(
     gbs: int = defaults.gbs(),
     precision: Precision = defaults.precision(),
     framework: Framework = defaults.framework(),
-    max_memory_gb: float = defaults.max_memory_gb(),
+    max_memory_gib: float = defaults.max_memory_gib(),
     memory_headroom: float = defaults.memory_headroom(),
     gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
     out: Path = typer.Option(None, help="folder for plan.html (days and cost against GPUs)"),
@@ -60,7 +60,7 @@ def plan(
         gbs=gbs,
         precision=precision.value,
         framework=framework.value,
-        max_memory_gb=max_memory_gb,
+        max_memory_gib=max_memory_gib,
         memory_headroom=memory_headroom,
     )
     defaults.announce(

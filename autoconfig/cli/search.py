@@ -58,7 +58,7 @@ def search(
     max_tp: int = typer.Option(None, help="largest tensor-parallel degree", callback=COUNT),
     max_pp: int = typer.Option(None, help="largest pipeline degree", callback=COUNT),
     min_dp: int = typer.Option(None, help="smallest data-parallel degree", callback=COUNT),
-    max_memory_gb: float = defaults.max_memory_gb(),
+    max_memory_gib: float = defaults.max_memory_gib(),
     memory_headroom: float = defaults.memory_headroom(),
     gpus_per_node: int = typer.Option(
         None,
@@ -115,8 +115,13 @@ def search(
     ),
     trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE, callback=AMOUNT),
     budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE, callback=AMOUNT),
-    trial_memory_gb: float = typer.Option(
-        None, help="per-rank memory cap of each trial", rich_help_panel=MEASURE, callback=AMOUNT
+    trial_memory_gib: float = typer.Option(
+        None,
+        "--trial-memory-gib",
+        "--trial-memory-gb",  # the name before GiB was named GiB
+        help="per-rank memory cap of each trial, GiB",
+        rich_help_panel=MEASURE,
+        callback=AMOUNT,
     ),
     capacity_factor: float = typer.Option(
         None,
@@ -147,8 +152,8 @@ def search(
     # --profile is always a file, whatever its name (catalog.get_gpu reads paths as files).
     profile = str(Path(profile).absolute()) if profile is not None else None
     gpu = profile or gpu
-    if measure and trial_memory_gb is not None and max_memory_gb is None:
-        max_memory_gb = trial_memory_gb  # predict against the cap the trials will run under
+    if measure and trial_memory_gib is not None and max_memory_gib is None:
+        max_memory_gib = trial_memory_gib  # predict against the cap the trials will run under
     cpu_batch = cpu and gbs is None
     if cpu_batch:
         gbs = min(4 * gpus, MAX_COUNT)  # CPU trials: a few sequences per rank
@@ -177,7 +182,7 @@ def search(
             max_tp=max_tp,
             max_pp=max_pp,
             min_dp=min_dp,
-            max_memory_gb=max_memory_gb,
+            max_memory_gib=max_memory_gib,
             memory_headroom=memory_headroom,
             gpus_per_node=gpus_per_node,
             framework=framework.value,

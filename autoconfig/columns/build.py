@@ -169,7 +169,7 @@ def hardware_columns(hw: Hardware) -> dict[str, float]:
         "peak_bf16_flops": gpu.peak("bf16") * 1e12,
         "hbm_bytes_s": gpu.memory_tb_s * 1e12,
         "sms": float(gpu.sms),
-        "memory_gb": gpu.memory_gb,
+        "memory_gib": gpu.memory_gib,
         "eff_gemm": e.gemm_at(precision),
         "eff_attention": e.attention,
         "eff_memory": e.memory,
@@ -180,7 +180,7 @@ def hardware_columns(hw: Hardware) -> dict[str, float]:
         "lat_inter_s": e.inter_node_latency_us * 1e-6,
         "step_overhead_s": e.step_overhead_ms * 1e-3,
         "mem_overhead": e.memory_overhead,
-        "mem_reserved_gb": e.memory_reserved_gb,
+        "mem_reserved_gib": e.memory_reserved_gib,
         "gpus_per_node": hw.cluster.domain,  # GPUs that reach each other over NVLink
         "intra_bytes_s": hw.cluster.intra_node_gb_s * 1e9,
         "inter_bytes_s": hw.cluster.inter_node_gb_s * 1e9,

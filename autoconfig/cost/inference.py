@@ -240,7 +240,7 @@ def serve_memory(s: ServeInputs) -> ServeMemory:
     up = np.where(x.mlp_kind == SWIGLU, 2.0, 1.0) * sum(mlp_widths(x))
     widest = np.maximum(q_width + 2.0 * kv_width, up) / x.tp
     activations = mb * s.input_len * 2.0 * (2.0 * x.hidden + widest) + 4.0 * mb * x.vocab / x.tp
-    overhead = x.mem_overhead * (weights + kv + activations) + x.mem_reserved_gb * GIB
+    overhead = x.mem_overhead * (weights + kv + activations) + x.mem_reserved_gib * GIB
     return ServeMemory(weights, kv, activations, overhead)
 
 
@@ -252,21 +252,21 @@ def evaluate_serving(s: ServeInputs) -> dict[str, Col]:
     gpus = x.tp * x.pp
     per_replica = s.batch * s.output_len / t.latency
     per_seq = kv_bytes_per_token(s, np.ceil(x.layers / x.pp)) * (s.input_len + s.output_len)
-    free = x.memory_gb * GIB - mem.total
+    free = x.memory_gib * GIB - mem.total
     out = {
         "pred_ttft_ms": 1e3 * t.ttft,
         "pred_tpot_ms": 1e3 * t.tpot,
         "pred_latency_ms": 1e3 * t.latency,
         "pred_output_tokens_per_s_per_gpu": per_replica / gpus,
         "pred_output_tokens_per_s": per_replica * s.replicas,
-        "pred_fits": mem.total <= x.memory_gb * GIB,
-        "pred_peak_mem_gb": mem.total / GIB,
-        "mem_weights_gb": mem.weights / GIB,
-        "mem_kv_cache_gb": mem.kv_cache / GIB,
-        "mem_activations_gb": mem.activations / GIB,
-        "mem_overhead_gb": mem.overhead / GIB,
-        "mem_capacity_gb": x.memory_gb,
-        "kv_headroom_gb": free / GIB,
+        "pred_fits": mem.total <= x.memory_gib * GIB,
+        "pred_peak_mem_gib": mem.total / GIB,
+        "mem_weights_gib": mem.weights / GIB,
+        "mem_kv_cache_gib": mem.kv_cache / GIB,
+        "mem_activations_gib": mem.activations / GIB,
+        "mem_overhead_gib": mem.overhead / GIB,
+        "mem_capacity_gib": x.memory_gib,
+        "kv_headroom_gib": free / GIB,
         # more sequences of this length the GPU could still cache (with the allowance)
         "kv_headroom_seqs": np.floor(np.maximum(free, 0.0) / (per_seq * (1.0 + x.mem_overhead))),
         "time_prefill_compute_ms": 1e3 * t.prefill_stage.compute,

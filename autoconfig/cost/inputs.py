@@ -73,7 +73,7 @@ class CostInputs:
     peak_flops: Col  # FLOP/s at the run's precision
     hbm_bytes_s: Col
     sms: Col  # streaming multiprocessors (0: GEMM waves not modelled)
-    memory_gb: Col
+    memory_gib: Col
     eff_gemm: Col
     eff_attention: Col
     eff_memory: Col
@@ -84,7 +84,7 @@ class CostInputs:
     lat_inter_s: Col
     step_overhead_s: Col
     mem_overhead: Col
-    mem_reserved_gb: Col
+    mem_reserved_gib: Col
     gpus_per_node: Col
     intra_bytes_s: Col
     inter_bytes_s: Col

@@ -66,8 +66,8 @@ def kv_capacity(s: ServeInputs) -> KvCapacity:
     x = s.x
     weights = weight_bytes(s)
     activations = iteration_activations(s, s.max_tokens)
-    reserved = x.mem_reserved_gb * GIB + x.mem_overhead * (weights + activations)
-    free = x.memory_gb * GIB - weights - activations - reserved
+    reserved = x.mem_reserved_gib * GIB + x.mem_overhead * (weights + activations)
+    free = x.memory_gib * GIB - weights - activations - reserved
     cache = np.maximum(free, 0.0) * s.kv_fraction
     token_bytes = kv_bytes_per_token(s, np.ceil(x.layers / x.pp))
     tokens = np.floor(cache / token_bytes / s.block_tokens) * s.block_tokens

@@ -103,11 +103,11 @@ def evaluate_max_load(s: ServeInputs) -> dict[str, Col]:
         "pred_iteration_ms": 1e3 * load.slot_s,
         "pred_prefill_tokens_per_iteration": load.prefill_tokens,
         "pred_fits": fits,
-        "mem_weights_gb": cap.weights / GIB,
-        "mem_activations_gb": cap.activations / GIB,
-        "mem_kv_cache_gb": cap.cache / GIB,
+        "mem_weights_gib": cap.weights / GIB,
+        "mem_activations_gib": cap.activations / GIB,
+        "mem_kv_cache_gib": cap.cache / GIB,
         "kv_cache_tokens": cap.tokens,
-        "mem_capacity_gb": x.memory_gb,
+        "mem_capacity_gib": x.memory_gib,
     }
     n = x.n
     return {k: np.broadcast_to(np.asarray(v), (n,)) for k, v in out.items()}

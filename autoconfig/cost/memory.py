@@ -214,5 +214,5 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     use_last = last.sum(axis=0) > first.sum(axis=0)
     chosen = np.where(use_last, last, first)
     subtotal = chosen.sum(axis=0)
-    overhead = x.mem_overhead * subtotal + x.mem_reserved_gb * GIB
+    overhead = x.mem_overhead * subtotal + x.mem_reserved_gib * GIB
     return Memory(*chosen, overhead=overhead, activation_per_layer=stage_act / per_stage)

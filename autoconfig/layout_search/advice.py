@@ -19,12 +19,12 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
     mem = table[table["pruned"].str.startswith("memory")]
     if mem.empty:
         return []
-    ratio = mem["pred_peak_mem_gb"] / mem["mem_limit_gb"]
+    ratio = mem["pred_peak_mem_gib"] / mem["mem_limit_gib"]
     best = mem.loc[ratio.idxmin()]
     lines = [
         f"closest: {layout.label(best)} mbs {best['mbs']} recompute {best['recompute']} "
-        f"zero {best['zero']} needs {best['pred_peak_mem_gb']:.1f} GiB per GPU, "
-        f"limit {best['mem_limit_gb']:.1f} GiB"
+        f"zero {best['zero']} needs {best['pred_peak_mem_gib']:.1f} GiB per GPU, "
+        f"limit {best['mem_limit_gib']:.1f} GiB"
     ]
     # Every layer of the busiest stage (an uneven split's larger share included).
     per_stage = int(busiest_rank_layers(request.model.layers, int(best["pp"]), int(best["vp"])))
@@ -57,8 +57,8 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
         )
         out = evaluate(inputs)
         for i, (label, _) in enumerate(rows):
-            peak = float(out["pred_peak_mem_gb"][i])
-            verdict = "fits" if peak <= best["mem_limit_gb"] else "still too big"
+            peak = float(out["pred_peak_mem_gib"][i])
+            verdict = "fits" if peak <= best["mem_limit_gib"] else "still too big"
             lines.append(f"  with {label}: {peak:.1f} GiB ({verdict})")
     return lines
 

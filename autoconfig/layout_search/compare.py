@@ -62,8 +62,8 @@ def compare(mine: pd.Series, result: SearchResult, top: int = 2) -> Comparison:
     """`mine` placed in `result` (searched with the same model, GPUs, batch and framework)."""
     ranked = result.ranked
     speed = float(mine["pred_tokens_per_s_per_gpu"])
-    limit = float(result.table["mem_limit_gb"].iloc[0]) if len(result.table) else float("inf")
-    fits = float(mine["pred_peak_mem_gb"]) <= limit
+    limit = float(result.table["mem_limit_gib"].iloc[0]) if len(result.table) else float("inf")
+    fits = float(mine["pred_peak_mem_gib"]) <= limit
     here = ranked[_same(ranked, mine, layout.NAMES)]
     in_search = bool(_same(result.table, mine, layout.NAMES).any())
     if not here.empty:
@@ -94,5 +94,5 @@ def fit_advice(mine: pd.Series, request: SearchRequest) -> list[str]:
     """When the user's layout does not fit: the search's advice for it (which single change
     makes it fit, re-evaluated with the cost model)."""
     row = mine.copy()
-    row["pruned"] = f"memory: {mine['pred_peak_mem_gb']:.1f} > {mine['mem_limit_gb']:.1f} GiB"
+    row["pruned"] = f"memory: {mine['pred_peak_mem_gib']:.1f} > {mine['mem_limit_gib']:.1f} GiB"
     return closest_fix(pd.DataFrame([row]), request)

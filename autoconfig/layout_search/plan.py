@@ -183,7 +183,7 @@ def plan(
 ) -> Plan:
     """The plan for `goal`: per GPU type the fewest GPUs that meet it, and the cheapest of those
     (by cost when priced, else by GPU-hours). `search` goes to every search (seq_len,
-    gbs, precision, framework, max_memory_gb, memory_headroom, ...)."""
+    gbs, precision, framework, max_memory_gib, memory_headroom, ...)."""
     check(goal, gpus, prices, max_gpus)
     spec = catalog.get_model(model)
     price_of = dict(zip(gpus, prices * len(gpus) if len(prices) == 1 else prices, strict=False))

@@ -64,7 +64,7 @@ def _replica_across_nodes(t: pd.DataFrame, per_node: np.ndarray) -> pd.Series:
 TIE_RULES = (
     (
         "more memory headroom",
-        lambda t, _: np.floor(t["pred_peak_mem_gb"] / t["mem_limit_gb"] / MEMORY_STEP),
+        lambda t, _: np.floor(t["pred_peak_mem_gib"] / t["mem_limit_gib"] / MEMORY_STEP),
     ),
     ("fewer GPUs in cross-node groups", _replica_across_nodes),
     ("no context parallelism", lambda t, _: (t["cp"] > 1).astype(int)),
@@ -92,7 +92,7 @@ class Constraints:
     max_tp: int | None = None
     max_pp: int | None = None
     min_dp: int | None = None
-    max_memory_gb: float | None = None
+    max_memory_gib: float | None = None
     memory_headroom: float = 0.0  # fraction of capacity kept free
 
 
@@ -118,15 +118,15 @@ def rank(layouts: pd.DataFrame, inputs: CostInputs, constraints: Constraints) ->
         prune(out["pp"] > constraints.max_pp, f"constraint: pp > {constraints.max_pp}")
     if constraints.min_dp:
         prune(out["dp"] < constraints.min_dp, f"constraint: dp < {constraints.min_dp}")
-    capacity = out["mem_capacity_gb"] * (1 - constraints.memory_headroom)
-    if constraints.max_memory_gb:
-        capacity = np.minimum(capacity, constraints.max_memory_gb)
-    out["mem_limit_gb"] = capacity
-    too_big = out["pred_peak_mem_gb"] > capacity
+    capacity = out["mem_capacity_gib"] * (1 - constraints.memory_headroom)
+    if constraints.max_memory_gib:
+        capacity = np.minimum(capacity, constraints.max_memory_gib)
+    out["mem_limit_gib"] = capacity
+    too_big = out["pred_peak_mem_gib"] > capacity
     prune(
         too_big,
         "memory: "
-        + out["pred_peak_mem_gb"].round(1).astype(str)
+        + out["pred_peak_mem_gib"].round(1).astype(str)
         + " > "
         + pd.Series(capacity, index=out.index).round(1).astype(str)
         + " GiB",
@@ -136,12 +136,12 @@ def rank(layouts: pd.DataFrame, inputs: CostInputs, constraints: Constraints) ->
     low, high, by = SPREAD.band(out[POINT], spread.regimes(out, per_node))
     out[RANK_BY], out["pred_tokens_per_s_per_gpu_high"], out["spread_regime"] = low, high, by
     # against the GPU's capacity, not the user's limit: the risk is running out of HBM
-    out["memory_risk"] = SPREAD.memory_risk(out["pred_peak_mem_gb"], out["mem_capacity_gb"])
+    out["memory_risk"] = SPREAD.memory_risk(out["pred_peak_mem_gib"], out["mem_capacity_gib"])
     feasible = pruned == ""
     out = pd.concat(
         [
             order_ties(out[feasible], per_node[feasible.to_numpy()]),
-            out[~feasible].sort_values("pred_peak_mem_gb").assign(tie_break=""),
+            out[~feasible].sort_values("pred_peak_mem_gib").assign(tie_break=""),
         ],
         ignore_index=True,
     )
@@ -183,7 +183,7 @@ def order_ties(feasible: pd.DataFrame, per_node: np.ndarray | int = 8) -> pd.Dat
     t = feasible.assign(
         _per_node=np.broadcast_to(per_node, (len(feasible),)), _risk=risk.astype(int)
     )
-    t = t.sort_values([key, "pred_peak_mem_gb"], ascending=[False, True]).reset_index(drop=True)
+    t = t.sort_values([key, "pred_peak_mem_gib"], ascending=[False, True]).reset_index(drop=True)
     none = np.zeros(len(t), bool)
     t["_band"] = _chain(t[key].to_numpy(float), NEAR_TIE, none)
     # Within a near-tie band the safe layouts come first (a named rule: they may be up to
@@ -230,14 +230,14 @@ def explain_winner(ranked: pd.DataFrame) -> str:
     key = RANK_BY if RANK_BY in feasible else POINT
     a, b = feasible.iloc[0], feasible.iloc[1]
     gain = a[key] / b[key] - 1
-    mem = f"{a['pred_peak_mem_gb']:.1f} vs {b['pred_peak_mem_gb']:.1f} GiB"
+    mem = f"{a['pred_peak_mem_gib']:.1f} vs {b['pred_peak_mem_gib']:.1f} GiB"
     rule = a.get("tie_break", "") or ""
     if rule == MEMORY_RISK_RULE:
         return (
             f"#2 is {100 * -gain:.1f}% faster by the conservative estimate, a near-tie (within "
-            f"{100 * NEAR_TIE:g}%), but its predicted peak ({b['pred_peak_mem_gb']:.1f} of "
-            f"{b['mem_capacity_gb']:.1f} GiB) leaves less headroom than the measured peak "
-            f"error; #1 is listed first for {MEMORY_RISK_RULE} ({a['pred_peak_mem_gb']:.1f} GiB)"
+            f"{100 * NEAR_TIE:g}%), but its predicted peak ({b['pred_peak_mem_gib']:.1f} of "
+            f"{b['mem_capacity_gib']:.1f} GiB) leaves less headroom than the measured peak "
+            f"error; #1 is listed first for {MEMORY_RISK_RULE} ({a['pred_peak_mem_gib']:.1f} GiB)"
         )
     if gain < EQUAL_SPEED:
         speed = (
@@ -252,7 +252,9 @@ def explain_winner(ranked: pd.DataFrame) -> str:
             ),
             "no context parallelism": f"no context parallelism (cp {a['cp']} vs {b['cp']})",
             "no interleaving": f"no interleaving (vp {a['vp']} vs {b['vp']})",
-        }.get(rule, f"less memory ({mem})" if a["pred_peak_mem_gb"] < b["pred_peak_mem_gb"] else "")
+        }.get(
+            rule, f"less memory ({mem})" if a["pred_peak_mem_gib"] < b["pred_peak_mem_gib"] else ""
+        )
         tail = f"; #1 is listed first for {why}" if why else ""
         return f"#1 and #2 run at equal speed (#1 {speed}, within {100 * EQUAL_SPEED:g}%){tail}"
     diffs = {col: float(b[col] - a[col]) for col in TIME_PARTS}
@@ -285,7 +287,7 @@ def top_row(row: pd.Series) -> dict[str, str]:
         "tokens/s/GPU (low-high)": _spread_cell(row),
         "MFU": f"{100 * row['pred_mfu']:.1f}%",
         "step s": f"{row['pred_step_time_s']:.2f}",
-        "memory GiB": f"{row['pred_peak_mem_gb']:.1f}/{row['mem_limit_gb']:.0f}",
+        "memory GiB": f"{row['pred_peak_mem_gib']:.1f}/{row['mem_limit_gib']:.0f}",
         "memory risk": "yes" if bool(row.get("memory_risk", False)) else "",
         "tie broken by": row.get("tie_break", "") or "",
     }

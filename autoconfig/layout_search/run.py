@@ -35,7 +35,7 @@ def make_request(
     max_tp: int | None = None,
     max_pp: int | None = None,
     min_dp: int | None = None,
-    max_memory_gb: float | None = None,
+    max_memory_gib: float | None = None,
     memory_headroom: float = 0.0,
     gpus_per_node: int | None = None,
     flash_attention: bool = True,
@@ -46,8 +46,8 @@ def make_request(
     seq_len = None if seq_len is None else checks.integer(seq_len, "seq-len")
     gbs = None if gbs is None else checks.integer(gbs, "gbs")
     memory_headroom = checks.fraction(memory_headroom, "memory-headroom")
-    if max_memory_gb is not None:
-        max_memory_gb = checks.number(max_memory_gb, "max-memory-gb")
+    if max_memory_gib is not None:
+        max_memory_gib = checks.number(max_memory_gib, "max-memory-gib")
     for name, bound in (("max-tp", max_tp), ("max-pp", max_pp), ("min-dp", min_dp)):
         if bound is not None:
             checks.integer(bound, name)
@@ -94,7 +94,7 @@ def make_request(
         gbs_rule=rule.rule if rule is not None else f"{batch} sequences (given)",
         precision=precision,
         space=space_spec,
-        constraints=Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gb, memory_headroom),
+        constraints=Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gib, memory_headroom),
         framework=fw,
         flash_attention=flash_attention,
     )
@@ -155,7 +155,7 @@ def run(req: SearchRequest) -> SearchResult:
             top = bigger.table.iloc[0]
             advice.append(
                 f"  with {more} GPUs (gbs {batch}): {layout.label(top)} "
-                f"fits at {top['pred_peak_mem_gb']:.1f} GiB"
+                f"fits at {top['pred_peak_mem_gib']:.1f} GiB"
             )
             break
     result.advice = advice

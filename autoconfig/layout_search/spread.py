@@ -38,14 +38,14 @@ OPTIMISTIC_LEVEL = 0.2
 
 
 def regimes(t: pd.DataFrame, per_node: np.ndarray | pd.Series | float) -> pd.DataFrame:
-    """Which regimes each row of `t` (tp, cp, pp, dp, zero, pred_peak_mem_gb, mem_capacity_gb)
+    """Which regimes each row of `t` (tp, cp, pp, dp, zero, pred_peak_mem_gib, mem_capacity_gib)
     is in, one boolean column per REGIMES entry. A group spans nodes when its GPUs, spaced as
     in cost.comm.group_links, exceed a node: tp x cp for TP and CP (CP ranks sit tp apart),
     dp x cp x tp for ZeRO-3's gathers over the dp x cp ranks."""
     node = np.asarray(per_node, float)
     pp, tp, cp = t["pp"].to_numpy(float), t["tp"].to_numpy(float), t["cp"].to_numpy(float)
     dp, zero = t["dp"].to_numpy(float), t["zero"].to_numpy(float)
-    peak, capacity = t["pred_peak_mem_gb"].to_numpy(float), t["mem_capacity_gb"].to_numpy(float)
+    peak, capacity = t["pred_peak_mem_gib"].to_numpy(float), t["mem_capacity_gib"].to_numpy(float)
     flags = {
         "pp 1": pp <= 1,
         "pp 2-8": (pp > 1) & (pp <= 8),

@@ -15,7 +15,7 @@ from autoconfig.spec import layout
 from autoconfig.spec.schema import ModelSpec
 from autoconfig.trainer.config import TrainConfig, config_from_search_row
 
-PREDICTED = ("pred_tokens_per_s_per_gpu", "pred_step_time_s", "pred_peak_mem_gb", "mem_limit_gb")
+PREDICTED = ("pred_tokens_per_s_per_gpu", "pred_step_time_s", "pred_peak_mem_gib", "mem_limit_gib")
 
 
 @dataclass

@@ -38,14 +38,15 @@ def collect(cfg: TrainConfig, job: Job, run_dir: Path, timed_out: bool, limit_s:
     # autocast on GPU): the like-for-like check of the model, beside the search's figures for
     # the framework it ranks for.
     own = metrics.predicted or {}
-    for name in ("pred_tokens_per_s_per_gpu", "pred_peak_mem_gb"):
+    for name in ("pred_tokens_per_s_per_gpu", "pred_peak_mem_gib"):
         if isinstance(own.get(name), int | float):
             attrs[f"run_{name}"] = float(own[name])
     if metrics.status == "ok" and not timed_out:
         attrs.update(
             measured_tokens_per_s_per_gpu=metrics.tokens_per_s_per_gpu,
             measured_step_time_s=metrics.median_step_time_s,
-            measured_peak_mem_gb=max((m.peak_allocated_gb or 0.0) for m in metrics.memory) or None,
+            measured_peak_mem_gib=max((m.peak_allocated_gib or 0.0) for m in metrics.memory)
+            or None,
         )
         if metrics.ttft_ms is not None:  # a generation trial
             attrs.update(measured_ttft_ms=metrics.ttft_ms, measured_tpot_ms=metrics.tpot_ms)

@@ -22,8 +22,8 @@ PROGRESS = (
 
 NEXT_STEP = {
     FailureClass.TIMEOUT: "raise --trial-timeout-min or lower --steps",
-    FailureClass.OOM: "give each rank more memory (--trial-memory-gb) or keep to smaller "
-    "layouts (--max-memory-gb)",
+    FailureClass.OOM: "give each rank more memory (--trial-memory-gib) or keep to smaller "
+    "layouts (--max-memory-gib)",
     FailureClass.CRASH: "read the reason and the ranks' logs in the trial's run folder",
     FailureClass.INTERRUPTED: "--resume re-runs it",
     FailureClass.LAUNCH: "the scheduler refused the job: check the executor and --slurm-* options",

@@ -42,8 +42,8 @@ def memory_verdict(attrs: dict, metrics: RunMetrics | None) -> str:
     prediction (metrics.json: the run as the trainer launched it, under autocast on GPU, in
     fp32 on CPU) is the like-for-like figure; the search's, for the framework it ranks for,
     stands in when the run left none."""
-    cap, searched = attrs.get("mem_limit_gb"), attrs.get("pred_peak_mem_gb")
-    own = (metrics.predicted or {}).get("pred_peak_mem_gb") if metrics is not None else None
+    cap, searched = attrs.get("mem_limit_gib"), attrs.get("pred_peak_mem_gib")
+    own = (metrics.predicted or {}).get("pred_peak_mem_gib") if metrics is not None else None
     pred = own if own is not None else searched
     if pred is None or cap is None:
         return ""

@@ -60,7 +60,7 @@ class MeasureOptions:
     candidates: int = 200
     storage: str | None = None
     resume: bool = False
-    trial_memory_gb: float | None = None
+    trial_memory_gib: float | None = None
     capacity_factor: float | None = None  # MoE trials: the experts' token capacity
     seed: int = 0
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
@@ -88,8 +88,8 @@ def check_options(opts: MeasureOptions) -> Settings:
     opts.top_k = checks.integer(opts.top_k, "enqueue-top", 0, MAX_CANDIDATES)
     opts.candidates = checks.integer(opts.candidates, "candidates", 1, MAX_CANDIDATES)
     opts.seed = checks.integer(opts.seed, "seed", 0, 2**32 - 1)
-    if opts.trial_memory_gb is not None:
-        opts.trial_memory_gb = checks.number(opts.trial_memory_gb, "trial-memory-gb", 0, 2**20)
+    if opts.trial_memory_gib is not None:
+        opts.trial_memory_gib = checks.number(opts.trial_memory_gib, "trial-memory-gib", 0, 2**20)
     opts.timeout_min = checks.number(opts.timeout_min, "trial-timeout-min", 0, MAX_MINUTES)
     settings = Settings(
         trials=opts.trials,
@@ -109,8 +109,8 @@ def trial_overrides(opts: MeasureOptions, device: str, gpu: str) -> dict[str, ob
         "device": device,
         "gpu": gpu,
     }
-    if opts.trial_memory_gb is not None:
-        overrides["memory_limit_gb"] = opts.trial_memory_gb
+    if opts.trial_memory_gib is not None:
+        overrides["memory_limit_gib"] = opts.trial_memory_gib
     if opts.capacity_factor is not None:
         overrides["capacity_factor"] = opts.capacity_factor
     return overrides

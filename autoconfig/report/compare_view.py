@@ -44,6 +44,6 @@ def compare_view(c: Comparison) -> Group:
 def _as_row(mine, c: Comparison):
     row = mine.copy()
     row["rank"] = "you" if c.rank is None else f"{c.rank}"
-    if "mem_limit_gb" not in row:
-        row["mem_limit_gb"] = row["mem_capacity_gb"]
+    if "mem_limit_gib" not in row:
+        row["mem_limit_gib"] = row["mem_capacity_gib"]
     return row

@@ -132,11 +132,11 @@ def _scatter(feasible: pd.DataFrame) -> go.Figure:
     family = "tp" + feasible["tp"].astype(str) + " pp" + feasible["pp"].astype(str)
     shown = 0
     for name, group in feasible.groupby(family, sort=True):
-        group = thin(group, "pred_peak_mem_gb", "pred_tokens_per_s_per_gpu")
+        group = thin(group, "pred_peak_mem_gib", "pred_tokens_per_s_per_gpu")
         shown += len(group)
         fig.add_trace(
             go.Scatter(
-                x=group["pred_peak_mem_gb"].round(2),
+                x=group["pred_peak_mem_gib"].round(2),
                 y=group["pred_tokens_per_s_per_gpu"].round(1),
                 mode="markers",
                 name=name,

@@ -69,8 +69,8 @@ def row_cells(row: pd.Series, percentile: float | None = None) -> dict[str, str]
         "latency ms": f"{row['pred_latency_ms']:,.0f}",
         "tok/s/GPU": f"{row['pred_output_tokens_per_s_per_gpu']:,.1f}",
         "tok/s total": f"{row['pred_output_tokens_per_s']:,.0f}",
-        "KV GiB": f"{row['mem_kv_cache_gb']:.1f}",
-        "headroom GiB": f"{row['kv_headroom_gb']:.1f}",
+        "KV GiB": f"{row['mem_kv_cache_gib']:.1f}",
+        "headroom GiB": f"{row['kv_headroom_gib']:.1f}",
         "Pareto": "*" if row["pareto"] else "",
     }
 
@@ -106,7 +106,7 @@ def continuous_cells(row: pd.Series, percentile: float) -> dict[str, str]:
         "tok/s/GPU": "-"
         if pd.isna(row["pred_output_tokens_per_s_per_gpu"])
         else f"{row['pred_output_tokens_per_s_per_gpu']:,.0f}",
-        "KV GiB": f"{row['kv_cache_gb']:.1f}",
+        "KV GiB": f"{row['kv_cache_gib']:.1f}",
     }
 
 

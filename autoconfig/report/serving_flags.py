@@ -31,11 +31,11 @@ _SGLANG_QUANT = {
 _SGLANG_KV = {"fp8": "fp8_e4m3"}
 
 
-def memory_share(row: pd.Series, capacity_gb: float, kv_fraction: float) -> float:
+def memory_share(row: pd.Series, capacity_gib: float, kv_fraction: float) -> float:
     """vLLM's gpu_memory_utilization / SGLang's mem_fraction_static for the same K/V cache:
     the memory the engine may take, of the GPU's total."""
-    free = float(row["kv_cache_gb"]) / kv_fraction
-    return round(min(0.98, 1.0 - (1.0 - kv_fraction) * free / capacity_gb), 3)
+    free = float(row["kv_cache_gib"]) / kv_fraction
+    return round(min(0.98, 1.0 - (1.0 - kv_fraction) * free / capacity_gib), 3)
 
 
 def launch_flags(result: ServingResult, engine: Engine) -> str:
@@ -45,7 +45,7 @@ def launch_flags(result: ServingResult, engine: Engine) -> str:
         return ""
     req = result.request
     model = f"MODEL_PATH  # {result.model.name}"
-    share = memory_share(row, result.gpu.memory_gb, req.kv_fraction)
+    share = memory_share(row, result.gpu.memory_gib, req.kv_fraction)
     header = (
         f"# {engine.value}: {result.model.name} on {req.gpus} x {result.gpu.name}, as predicted"
     )

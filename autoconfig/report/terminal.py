@@ -26,14 +26,14 @@ from autoconfig.spec import layout
 from autoconfig.spec.schema import GPUSpec, ModelSpec
 
 MEMORY_PARTS = (
-    ("weights", "mem_weights_gb"),
-    ("gradients", "mem_gradients_gb"),
-    ("optimizer states", "mem_optimizer_gb"),
-    ("activations (1 micro-batch)", "mem_activations_gb"),
-    ("pipeline in-flight", "mem_pipeline_in_flight_gb"),
-    ("logits / embedding buffers", "mem_logits_embedding_gb"),
-    ("recompute / gather working set", "mem_transient_gb"),
-    ("overhead allowance", "mem_overhead_gb"),
+    ("weights", "mem_weights_gib"),
+    ("gradients", "mem_gradients_gib"),
+    ("optimizer states", "mem_optimizer_gib"),
+    ("activations (1 micro-batch)", "mem_activations_gib"),
+    ("pipeline in-flight", "mem_pipeline_in_flight_gib"),
+    ("logits / embedding buffers", "mem_logits_embedding_gib"),
+    ("recompute / gather working set", "mem_transient_gib"),
+    ("overhead allowance", "mem_overhead_gib"),
 )
 TIME_PARTS = (
     ("compute (fwd+bwd+recompute)", "time_compute_s"),
@@ -150,12 +150,12 @@ def estimate_view(row: pd.Series) -> Group:
         f"  sp {'on' if resolved['sp'] else 'off'}",
     )
 
-    cap = float(row.get("mem_limit_gb", row["mem_capacity_gb"]))
+    cap = float(row.get("mem_limit_gib", row["mem_capacity_gib"]))
     mem = Table(title="Memory per GPU (GiB)", title_justify="left")
     mem.add_column("part")
     mem.add_column("GiB", justify="right")
     mem.add_column("share", justify="right")
-    total = float(row["pred_peak_mem_gb"])
+    total = float(row["pred_peak_mem_gib"])
     for label, col in MEMORY_PARTS:
         value = float(row[col])
         mem.add_row(label, f"{value:,.2f}", f"{100 * value / total:.0f}%" if total else "")
@@ -260,7 +260,7 @@ def gpus_table(gpus: list[GPUSpec]) -> Table:
             g.name,
             f"{g.peak('bf16'):g}",
             f"{fp8:g}" if fp8 else "-",
-            f"{g.memory_gb:g}",
+            f"{g.memory_gib:g}",
             f"{g.memory_tb_s:g}",
             f"{g.cluster.intra_node_gb_s:g}",
             f"{g.cluster.inter_node_gb_s:g}",

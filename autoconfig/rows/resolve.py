@@ -202,7 +202,7 @@ def _fastest_then_smallest(
     """Per group of choices, the position of the fastest that fits, else of the runnable one
     needing the least memory (`out`: the cost model's predictions for every choice)."""
     speed = np.where(fits, np.asarray(out["pred_tokens_per_s_per_gpu"], float), -np.inf)
-    memory = np.where(runnable, np.asarray(out["pred_peak_mem_gb"], float), np.inf)
+    memory = np.where(runnable, np.asarray(out["pred_peak_mem_gib"], float), np.inf)
     frame = pd.DataFrame({"group": group, "speed": speed, "memory": memory})
     best = frame.sort_values(["group", "speed", "memory"], ascending=[True, False, True])
     return best.drop_duplicates("group", keep="first").index.to_numpy()
@@ -240,7 +240,7 @@ def as_framework_would(
     does: Behaviour,
     run: ParallelConfig,
     auto: frozenset[str],
-    limit_gb: float,
+    limit_gib: float,
     shape: dict[str, int],
 ) -> ParallelConfig:
     """`run` with the settings in `auto` chosen as `fw` would run them: every choice it can
@@ -252,10 +252,10 @@ def as_framework_would(
     told = float(np.max(does.ends_split_to_interleave))
     units = split_units(fw, spec.layers, float(np.max(does.ends_split)), told)
     choices = options(fw, pd.Series(run.model_dump()), unknown, spec.layers, units)
-    best = _fastest_config(fw, spec, hardware, does, run, choices, limit_gb, shape)
+    best = _fastest_config(fw, spec, hardware, does, run, choices, limit_gib, shape)
     if best.recompute.value == "full" and "recompute" in auto and fw.allows("partial_recompute"):
         partial = [{"recompute_layers": k} for k in partial_counts(best.model_dump(), spec)]
-        best = _fastest_config(fw, spec, hardware, does, best, partial, limit_gb, shape)
+        best = _fastest_config(fw, spec, hardware, does, best, partial, limit_gib, shape)
     return best
 
 
@@ -266,10 +266,10 @@ def _fastest_config(
     does: Behaviour,
     run: ParallelConfig,
     choices: list[dict],
-    limit_gb: float,
+    limit_gib: float,
     shape: dict[str, int],
 ) -> ParallelConfig:
-    """Of `run` changed by each choice, the fastest that `fw` can run and fits `limit_gb`,
+    """Of `run` changed by each choice, the fastest that `fw` can run and fits `limit_gib`,
     else the one needing the least memory."""
     runs = []
     for choice in choices:
@@ -295,6 +295,6 @@ def _fastest_config(
         preds = evaluate(inputs)
     if not runnable.any():
         return run  # nothing the framework can run: the caller's checks name why
-    fits = runnable & (np.asarray(preds["pred_peak_mem_gb"], float) <= limit_gb)
+    fits = runnable & (np.asarray(preds["pred_peak_mem_gib"], float) <= limit_gib)
     best = _fastest_then_smallest(np.zeros(len(runs), int), fits, runnable, preds)
     return runs[int(best[0])]

@@ -56,7 +56,7 @@ def disaggregated(
     table = deps.table
     cluster = hardware[1]
     prompt = float(np.percentile(workload.trace().input_len, slo.percentile))
-    token_bytes = (table["kv_cache_gb"] * GIB / table["kv_cache_tokens"].clip(lower=1)).to_numpy()
+    token_bytes = (table["kv_cache_gib"] * GIB / table["kv_cache_tokens"].clip(lower=1)).to_numpy()
     # Each rank sends its shard; inside one NVLink domain over NVLink, else over its NIC.
     gpus = (table["tp"] * table["pp"]).to_numpy(float)
     link = (
@@ -179,9 +179,9 @@ def _row(
         "goodput_rps": goodput,
         "goodput_rps_per_gpu": goodput / req.gpus,
         "rate_rps": rate,
-        "kv_cache_gb": dec["kv_cache_gb"],
+        "kv_cache_gib": dec["kv_cache_gib"],
         "kv_cache_tokens": dec["kv_cache_tokens"],
-        "weights_gb": max(pre["weights_gb"], dec["weights_gb"]),
+        "weights_gib": max(pre["weights_gib"], dec["weights_gib"]),
         "fits": True,
     }
     for q in ("50", "90", "99"):

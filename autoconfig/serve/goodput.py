@@ -135,9 +135,9 @@ def candidates(
         step = step_model(inputs)
         load = max_load(inputs, step, cap)
     gpus = table["tp"] * table["pp"]
-    table["kv_cache_gb"] = cap.cache / GIB
+    table["kv_cache_gib"] = cap.cache / GIB
     table["kv_cache_tokens"] = cap.tokens
-    table["weights_gb"] = cap.weights / GIB
+    table["weights_gib"] = cap.weights / GIB
     table["max_load_requests_per_s"] = load.requests_per_s * table["replicas"]
     table["max_load_tokens_per_s_per_gpu"] = load.output_tokens_per_s / gpus
     table["max_load_running"] = load.running
@@ -601,7 +601,7 @@ def closest(out: pd.DataFrame, slo: Slo, req: Request) -> str:
 
 
 def _no_fit(req: Request, spec: ModelSpec, workload: Workload, table: pd.DataFrame) -> str:
-    weights = float(table["weights_gb"].min())
+    weights = float(table["weights_gib"].min())
     node = gpu_and_cluster(req)[1].domain
     static = Request(
         model=spec,
@@ -609,7 +609,7 @@ def _no_fit(req: Request, spec: ModelSpec, workload: Workload, table: pd.DataFra
         gpus=req.gpus,
         input_len=int(workload.input.largest),
         output_len=int(workload.output.largest),
-        precision=str(table.loc[table["weights_gb"].idxmin(), "precision"]),
+        precision=str(table.loc[table["weights_gib"].idxmin(), "precision"]),
         gpus_per_node=req.gpus_per_node,
     )
     need = min_gpus(static, spec, node)

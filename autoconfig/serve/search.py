@@ -146,9 +146,9 @@ def search(req: Request) -> ServingResult:
     pruned = pd.Series("", index=out.index, dtype=object)
     pruned[~fits] = (
         "memory: "
-        + out["pred_peak_mem_gb"].map("{:.1f}".format)
+        + out["pred_peak_mem_gib"].map("{:.1f}".format)
         + " of "
-        + out["mem_capacity_gb"].map("{:.0f}".format)
+        + out["mem_capacity_gib"].map("{:.0f}".format)
         + " GiB"
     )
     for col, label, limit, kind in req.budget.limits():
@@ -241,7 +241,7 @@ def label_of(row: pd.Series) -> str:
 
 
 def _no_fit_message(req: Request, spec: ModelSpec, node: int, out: pd.DataFrame) -> str:
-    weights = float(out["mem_weights_gb"].min())
+    weights = float(out["mem_weights_gib"].min())
     need = min_gpus(req, spec, node)
     where = f"{req.gpus} {req.gpu} GPU{'s' if req.gpus > 1 else ''}"
     head = (

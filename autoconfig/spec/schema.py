@@ -28,6 +28,18 @@ class _Spec(BaseModel):
     # NaN and infinity are never a model's, a GPU's or a cluster's figure.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gib_named_gib(cls, data: object) -> object:
+        """A profile written before GiB was named GiB (`memory_gb`) reads as `memory_gib`: the
+        figure was always GiB, only its name changed."""
+        if not isinstance(data, dict):
+            return data
+        new_name = {k: f"{k[:-3]}_gib" for k in data if isinstance(k, str) and k.endswith("_gb")}
+        if not new_name or any(new in data for new in new_name.values()):
+            return data  # both names given: let the unknown one be refused
+        return {new_name.get(k, k): v for k, v in data.items()}
+
 
 class MLASpec(_Spec):
     """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; DeepSeek-AI 2024, "DeepSeek-V2",
@@ -255,7 +267,7 @@ class Efficiency(_Spec):
     memory_overhead: float = Field(
         ge=0, le=1, description="allocator fragmentation + workspaces, fraction of the other memory"
     )
-    memory_reserved_gb: float = Field(ge=0, description="CUDA context, NCCL and library buffers")
+    memory_reserved_gib: float = Field(ge=0, description="CUDA context, NCCL and library buffers")
     provenance: str = Field(default="", description="what these constants were fitted on")
 
     def gemm_at(self, precision: str) -> float:
@@ -337,7 +349,7 @@ class GPUSpec(_Spec):
     name: str
     chip: str = Field(description="silicon family sharing efficiency constants (a100, h100, ...)")
     peak_tflops: dict[str, float] = Field(description="dense peak TFLOP/s by precision")
-    memory_gb: float = Field(gt=0, description="usable HBM, GiB")
+    memory_gib: float = Field(gt=0, description="usable HBM, GiB")
     memory_tb_s: float = Field(gt=0, description="HBM bandwidth, TB/s")
     sms: int = Field(
         default=0,

@@ -66,13 +66,13 @@ def show(m: RunMetrics, out: Path) -> None:
     pred = m.predicted or {}
     # Time and capacity predictions need a profile (cpu-gloo for CPU ranks); bytes do not.
     on_gpu = pred if m.gpu_profile is not None else {}
-    peak = max((r.peak_allocated_gb or 0.0) for r in m.memory) if m.memory else 0.0
+    peak = max((r.peak_allocated_gib or 0.0) for r in m.memory) if m.memory else 0.0
     rows = [
         ("median step time (s)", m.median_step_time_s, on_gpu.get("pred_step_time_s")),
         ("tokens/s/GPU", m.tokens_per_s_per_gpu, on_gpu.get("pred_tokens_per_s_per_gpu")),
         ("model TFLOP/s/GPU", m.model_tflops_per_gpu, on_gpu.get("pred_model_tflops_per_gpu")),
         ("MFU", m.mfu, on_gpu.get("pred_mfu")),
-        ("peak allocated GB (max rank)", peak or None, on_gpu.get("pred_peak_mem_gb")),
+        ("peak allocated GB (max rank)", peak or None, on_gpu.get("pred_peak_mem_gib")),
         (
             "saved activations / layer (MB)",
             max(r.saved_activation_bytes_per_layer for r in m.memory) / 1e6 if m.memory else None,

@@ -87,7 +87,7 @@ class TrainConfig(Layout):
     slice: bool = Field(default=False, description="one device, per-rank shapes of tp")
     gpu: str | None = Field(default=None, description="GPU profile for MFU (default: detect)")
     world_size: int | None = Field(default=None, gt=0, description="default: tp*pp*dp*cp")
-    memory_limit_gb: float | None = Field(
+    memory_limit_gib: float | None = Field(
         default=None,
         gt=0,
         description="per-rank memory cap: the CUDA allocator's fraction on GPU, an address-space "
@@ -96,7 +96,7 @@ class TrainConfig(Layout):
     fault: str = Field(
         default="",
         description="testing: make rank R fail at its second step, 'oom@R' (a CUDA OOM error), "
-        "'alloc@R' (a real allocation past memory_limit_gb), 'crash@R', 'abort@R' (killed by "
+        "'alloc@R' (a real allocation past memory_limit_gib), 'crash@R', 'abort@R' (killed by "
         "SIGABRT, no result written) or 'sleep@R' (hang)",
     )
     timeout_s: float = Field(default=300.0, gt=0, description="collective timeout per rank")

@@ -139,8 +139,8 @@ class Generator:
         return RankMemory(
             rank=self.rank,
             pp_rank=0,
-            peak_allocated_gb=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-            peak_reserved_gb=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
+            peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+            peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
             parameter_bytes=sum(ops.local_tensor(p).numel() * p.element_size() for p in params),
             gradient_bytes=0,
             optimizer_bytes=0,

@@ -14,7 +14,7 @@ from autoconfig.trainer.prediction import predicted
 PROFILE = "cpu-gloo"  # the CPU ranks' memory constants
 
 
-def available_gb() -> float | None:
+def available_gib() -> float | None:
     """MemAvailable of /proc/meminfo in GiB (None where there is no such file)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -25,17 +25,17 @@ def available_gb() -> float | None:
     return None
 
 
-def need_gb(cfg: TrainConfig) -> float | None:
+def need_gib(cfg: TrainConfig) -> float | None:
     """Predicted memory of the whole run on this machine: every rank's peak."""
     pred = predicted(cfg, PROFILE) or {}
-    peak = pred.get("pred_peak_mem_gb")
+    peak = pred.get("pred_peak_mem_gib")
     return None if peak is None else float(peak) * cfg.world
 
 
 def check_fits(cfg: TrainConfig, available: float | None = None) -> None:
     """Refuse a CPU run predicted to need more memory than this machine has available."""
-    available = available_gb() if available is None else available
-    need = need_gb(cfg)
+    available = available_gib() if available is None else available
+    need = need_gib(cfg)
     if available is None or need is None or need <= available:
         return
     spec = cfg.spec()
@@ -47,7 +47,7 @@ def check_fits(cfg: TrainConfig, available: float | None = None) -> None:
                 trial = trial.checked()
             except UserError:
                 continue
-            fits = need_gb(trial)
+            fits = need_gib(trial)
             if fits is not None and fits <= available:
                 hint = (
                     f"--slice --tp {tp} (one rank's shapes, about {fits:.1f} GiB) or fewer --layers"

@@ -29,7 +29,7 @@ def launch_local(cfg: TrainConfig, out: Path, quiet: bool = True) -> tuple[int, 
         stale.unlink()
     config_path = out / "config.json"
     write_json(config_path, cfg.model_dump(mode="json"))
-    if cfg.world == 1 and cfg.memory_limit_gb is None and not cfg.fault:
+    if cfg.world == 1 and cfg.memory_limit_gib is None and not cfg.fault:
         # In this process; a memory cap or an injected fault needs a process of its own.
         os.environ.pop("RANK", None)
         os.environ.pop("WORLD_SIZE", None)

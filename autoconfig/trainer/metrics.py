@@ -39,8 +39,8 @@ class RankMemory(BaseModel):
 
     rank: int
     pp_rank: int
-    peak_allocated_gb: float | None = None
-    peak_reserved_gb: float | None = None
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
     parameter_bytes: int
     gradient_bytes: int
     optimizer_bytes: int

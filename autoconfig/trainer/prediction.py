@@ -28,12 +28,12 @@ CPU_PROFILE = "cpu-gloo"  # the bundled trainer's ranks on CPU cores, gloo over 
 # instead: every activation and weight in 4 bytes, m and v (8 bytes/param) and no master copy.
 FP32_SCALE = {
     "act_bytes_per_layer": 2.0,
-    "mem_activations_gb": 2.0,
-    "mem_pipeline_in_flight_gb": 2.0,
-    "mem_logits_embedding_gb": 2.0,
-    "mem_transient_gb": 2.0,
-    "mem_weights_gb": 2.0,
-    "mem_optimizer_gb": 8.0 / 12.0,
+    "mem_activations_gib": 2.0,
+    "mem_pipeline_in_flight_gib": 2.0,
+    "mem_logits_embedding_gib": 2.0,
+    "mem_transient_gib": 2.0,
+    "mem_weights_gib": 2.0,
+    "mem_optimizer_gib": 8.0 / 12.0,
 }
 
 
@@ -196,9 +196,9 @@ def as_fp32(out: dict, profile: str) -> dict:
         if key in scaled:
             scaled[key] = out[key] * factor
     grown = sum(scaled[k] - out[k] for k in FP32_SCALE if k.endswith("_gb") and k in out)
-    if "pred_peak_mem_gb" in out:
+    if "pred_peak_mem_gib" in out:
         overhead = catalog.get_gpu(profile).efficiency.memory_overhead
-        scaled["pred_peak_mem_gb"] = out["pred_peak_mem_gb"] + grown * (1.0 + overhead)
+        scaled["pred_peak_mem_gib"] = out["pred_peak_mem_gib"] + grown * (1.0 + overhead)
     return scaled
 
 

@@ -76,7 +76,7 @@ def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def rank_device(cfg: TrainConfig, local_rank: int) -> torch.device:
-    """This rank's device, selected and capped at cfg.memory_limit_gb."""
+    """This rank's device, selected and capped at cfg.memory_limit_gib."""
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("device: cuda requested but no GPU is visible")
@@ -292,8 +292,8 @@ class Rank:
         return RankMemory(
             rank=self.rank,
             pp_rank=self.pp_rank,
-            peak_allocated_gb=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-            peak_reserved_gb=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
+            peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+            peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
             parameter_bytes=sum(_local_bytes(p) for p in params),
             gradient_bytes=getattr(self, "grad_bytes", 0),
             optimizer_bytes=optim_bytes,
@@ -475,7 +475,7 @@ def _injected_fault(cfg: TrainConfig, rank: int) -> Callable[[], None] | None:
         if kind == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory (injected fault)")
         if kind == "alloc":  # a real allocation, twice the cap (or 64 GiB without one)
-            gib = 2 * (cfg.memory_limit_gb or 32)
+            gib = 2 * (cfg.memory_limit_gib or 32)
             torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
         if kind == "sleep":
             time.sleep(10**6)
@@ -487,11 +487,11 @@ def _injected_fault(cfg: TrainConfig, rank: int) -> Callable[[], None] | None:
 
 
 def limit_memory(cfg: TrainConfig, device: torch.device) -> None:
-    """Caps this rank's memory at cfg.memory_limit_gb, so a layout that needs more ends as an
+    """Caps this rank's memory at cfg.memory_limit_gib, so a layout that needs more ends as an
     oom instead of swapping (CPU) or borrowing from a neighbour's share (GPU)."""
-    if cfg.memory_limit_gb is None:
+    if cfg.memory_limit_gib is None:
         return
-    limit = int(cfg.memory_limit_gb * 2**30)
+    limit = int(cfg.memory_limit_gib * 2**30)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
