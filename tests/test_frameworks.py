@@ -811,3 +811,30 @@ def test_frameworks_state_where_they_accumulate_gradients() -> None:
     assert passes("nanotron") == 10.0
     # Megatron's weight-gradient GEMM adds into fp32 main_grad itself
     assert passes("megatron") == passes("nemo") == 0.0
+
+
+def test_deepspeed_bf16_optimizer_all_reduces_and_copies_fp32_gradients() -> None:
+    """DeepSpeed's BF16_Optimizer (bf16, ZeRO-1) adds every micro-batch's bf16 gradients into
+    an fp32 copy and all-reduces that whole copy at the step: at the same layout a bf16 run
+    pays a gradient pass per micro-batch and an all-reduce where an fp16 run of the same
+    framework reduce-scatters, and Megatron (gradient-accumulation fusion) pays neither."""
+    fw = catalog.get_framework("deepspeed")
+    bf16, fp16 = frameworks.behaviour(fw, "bf16"), frameworks.behaviour(fw, "fp16")
+    assert float(bf16.zero1_all_reduce) == 1.0 and float(fp16.zero1_all_reduce) == 0.0
+    assert float(bf16.grad_pass_bytes) == float(fw.does.bf16_grad_pass_bytes.value) > 0
+    assert float(fp16.grad_pass_bytes) == 0.0
+    mega = frameworks.behaviour(catalog.get_framework("megatron"), "bf16")
+    assert float(mega.zero1_all_reduce) == 0.0 and float(mega.grad_pass_bytes) == 0.0
+
+    layout = {"tp": 4, "pp": 12, "mbs": 2, "gbs": 2048, "zero": 1, "sp": False}
+    layout |= {"recompute": "full"}
+    runs = {
+        precision: api.estimate(
+            "bloom-176b", 384, "a100-sxm-80gb", framework="deepspeed", precision=precision, **layout
+        )
+        for precision in ("bf16", "fp16")
+    }
+    dp = {k: float(v["time_dp_comm_s"].iloc[0]) for k, v in runs.items()}
+    compute = {k: float(v["time_compute_s"].iloc[0]) for k, v in runs.items()}
+    assert dp["bf16"] > 1.3 * dp["fp16"]  # all-reduce 2x the reduce-scatter's gradient bytes
+    assert compute["bf16"] > 1.05 * compute["fp16"]  # 26 bytes per parameter per micro-batch

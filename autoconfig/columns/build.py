@@ -92,6 +92,9 @@ class Behaviour:
     # the per-parameter weights (read and written), every gradient into the reduce-scatter's
     # input in the reduction dtype (torch's fully_shard, _fsdp_collectives.py).
     fsdp_copies: Values = 0.0
+    # 1 where ZeRO 0/1 all-reduces the whole fp32 gradients and each rank then updates its
+    # shard and all-gathers it (DeepSpeed's BF16_Optimizer), not a reduce-scatter.
+    zero1_all_reduce: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -129,6 +129,10 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
     fp8 weights only with 8-bit recipes."""
     does = fw.does
     eight_bit = np.isin(np.asarray(precision, dtype=object).astype(str), ("fp8", "mxfp8"))
+    # DeepSpeed's BF16_Optimizer runs bf16 training only (fp16 keeps the ZeRO optimizer)
+    bf16_optimizer = (np.asarray(precision, dtype=object).astype(str) == "bf16") & bool(
+        does.bf16_optimizer.value
+    )
     return Behaviour(
         flash_attention=float(does.flash_attention.value) if flash is None else flash,
         overlap_grad_reduce=float(does.overlap_grad_reduce.value),
@@ -145,7 +149,9 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         balanced_split=float(does.balances_by_hand),
         ends_split=float(does.counts_ends_as_layers),
         ends_split_to_interleave=float(counts_ends_to_interleave(fw)),
-        grad_pass_bytes=float(does.grad_accumulation_bytes.value),
+        grad_pass_bytes=float(does.grad_accumulation_bytes.value)
+        + np.where(bf16_optimizer, float(does.bf16_grad_pass_bytes.value), 0.0),
+        zero1_all_reduce=np.where(bf16_optimizer, 1.0, 0.0),
         reduce_every_micro_batch=reduce_bits(does.grad_reduce_every_micro_batch.value),
         zero2_gathers_every_micro_batch=float(does.zero2_gathers_every_micro_batch.value),
         reduce_after_backward=reduce_bits(does.grad_reduce_after_backward.value),

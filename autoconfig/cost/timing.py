@@ -567,7 +567,10 @@ def _data_parallel(
     regathers = _fsdp_zero2(x) & (x.pp <= 1)
     gathers = np.where(regathers, m * forward_gathers, np.maximum(ag - window_f, 0.0))
     zero0 = reductions * np.maximum(ar - window_b, 0.0)
-    zero12 = reductions * np.maximum(rs - window_b, 0.0) + gathers
+    # DeepSpeed's BF16_Optimizer all-reduces the whole fp32 gradients under ZeRO-1, then each
+    # rank updates its shard and all-gathers it (engine.buffered_allreduce_fallback).
+    reduce = np.where((x.zero1_all_reduce > 0) & (x.zero < 2), ar, rs)
+    zero12 = reductions * np.maximum(reduce - window_b, 0.0) + gathers
     # ZeRO-3: the same forward, and each layer's weights gathered again before its backward and
     # its gradients reduce-scattered after, one layer prefetched ahead.
     backward_gathers = per_stage * np.maximum(ag_l + rs_l - b_layer, 0.0) + ag_l

@@ -444,6 +444,7 @@ _YES_OR_NO = (
     "sp_saves_gathered",
     "zero2_gathers_every_micro_batch",
     "fsdp_copies",
+    "bf16_optimizer",
 )
 
 
@@ -555,6 +556,16 @@ class FrameworkBehaviour(_Spec):
     # per-parameter weights, each gradient into the reduce-scatter's input in the reduction
     # dtype (torch's fully_shard); flat-parameter designs gather and reduce in place
     fsdp_copies: Sourced = Sourced(value=False, source="gathered and reduced in place")
+    # bf16 runs at ZeRO 0/1 keep fp32 gradients of their own beside the bf16 ones: each
+    # micro-batch's bf16 gradients are converted and added into them (`bf16_grad_pass_bytes`
+    # per parameter, memory-bound), and the step all-reduces the whole fp32 gradients before
+    # each rank updates its shard (DeepSpeed's BF16_Optimizer)
+    bf16_optimizer: Sourced = Sourced(
+        value=False, source="bf16 gradients reduced as the ZeRO stage says, no fp32 copy"
+    )
+    bf16_grad_pass_bytes: Sourced = Sourced(
+        value=0, source="no fp32 gradient copy outside the weight-gradient GEMM"
+    )
 
     @field_validator("grad_reduce_every_micro_batch", "grad_reduce_after_backward")
     @classmethod
