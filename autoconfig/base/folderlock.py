@@ -1,11 +1,11 @@
-"""An exclusive lock on an output folder, so one search at a time writes it. The lock file
-names its holder (pid, host, start); a lock whose holder died is taken over with a message."""
+"""An exclusive lock on an output folder, so one search at a time writes it. The lock is
+filelock's (flock on a file in the folder, released by the kernel when its holder dies);
+beside it a record names the holder (pid, host, start), and a record left by a holder that
+died is taken over with a message."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import socket
@@ -14,9 +14,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from autoconfig.base.errors import UserError
 
-LOCK_NAME = ".autoconfig.lock"
+LOCK_NAME = ".autoconfig.lock"  # the record: who holds the folder, as JSON
+MUTEX_NAME = ".autoconfig.lock.flock"  # the file filelock locks
 
 _held: dict[Path, int] = {}  # folder -> how many times this process entered its lock
 
@@ -39,53 +42,42 @@ def folder_lock(folder: Path | str, flag: str = "out") -> Iterator[None]:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"{flag}: cannot create '{folder}' ({exc.strerror or exc})") from None
-    fd = _acquire(folder / LOCK_NAME, folder, flag)
+    try:
+        mutex = _acquire(folder, flag)
+    except BaseException:  # refused, or interrupted while taking it: leave nothing behind
+        if created:
+            _remove_if_empty(folder)
+        raise
     _held[folder] = 1
     try:
         yield
     finally:
         del _held[folder]
-        _release(fd, folder / LOCK_NAME)
+        _release(mutex, folder)
         if created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only when empty: a refused run leaves nothing behind
+            _remove_if_empty(folder)  # a refused run leaves nothing behind
 
 
-def holder(folder: Path | str) -> dict | None:
+def holder(folder: Path | str) -> dict[str, object] | None:
     """Who holds (or last held and died holding) the folder's lock, if anyone."""
     try:
-        return json.loads((Path(folder) / LOCK_NAME).read_text() or "null")
+        who = json.loads((Path(folder) / LOCK_NAME).read_text() or "null")
     except (OSError, ValueError):
         return None
+    return who if isinstance(who, dict) else None
 
 
-def _acquire(path: Path, folder: Path, flag: str) -> int:
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise UserError(f"{flag}: cannot write in '{folder}' ({exc.strerror or exc})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                # No flock here (some network filesystems): trust the recorded pid instead.
-                if _alive(_read(fd)):
-                    os.close(fd)
-                    raise _busy(folder, flag) from None
-            else:
-                os.close(fd)
-                raise _busy(folder, flag) from None
-        # The holder before us may have removed the file between our open and our lock: only a
-        # lock on the file that is still at `path` counts.
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    stale = _read(fd)
+def _acquire(folder: Path, flag: str) -> FileLock:
+    # One try, no waiting: a busy folder is the user's to resolve. Not thread-local, as the
+    # re-entrancy above is the whole process's.
+    mutex = FileLock(folder / MUTEX_NAME, timeout=0, thread_local=False)
+    try:
+        mutex.acquire()
+    except Timeout:
+        raise _busy(folder, flag) from None
+    except OSError as exc:
+        raise UserError(f"{flag}: cannot write in '{folder}' ({exc.strerror or exc})") from None
+    stale = holder(folder)
     if stale:
         print(
             f"note: {folder} was locked by {_describe(stale)}, which is no longer running; "
@@ -93,42 +85,41 @@ def _acquire(path: Path, folder: Path, flag: str) -> int:
             file=sys.stderr,
         )
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(me).encode(), 0)
-    return fd
+    record = folder / LOCK_NAME
+    tmp = folder / f"{LOCK_NAME}.{os.getpid()}.tmp"
+    try:  # renamed into place, so a contender reads the old record or this one, never half
+        tmp.write_text(json.dumps(me))
+        os.replace(tmp, record)
+    except BaseException as exc:  # a full disk, or Ctrl-C between the two calls
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        _release(mutex, folder)
+        if isinstance(exc, OSError):
+            raise UserError(f"{flag}: cannot write in '{folder}' ({exc.strerror or exc})") from None
+        raise
+    return mutex
 
 
-def _release(fd: int, path: Path) -> None:
+def _release(mutex: FileLock, folder: Path) -> None:
     with contextlib.suppress(OSError):
-        path.unlink()  # while still locked, so nobody takes over a file on its way out
+        (folder / LOCK_NAME).unlink()
+    # Removed while still locked: a contender that opened it before and locks it after the
+    # release holds a file no longer in the folder, and filelock (4.0 on) drops such a lock.
     with contextlib.suppress(OSError):
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
+        (folder / MUTEX_NAME).unlink()
+    mutex.release()
 
 
-def _read(fd: int) -> dict | None:
-    try:
-        data = os.pread(fd, 4096, 0)
-        return json.loads(data) if data.strip() else None
-    except (OSError, ValueError):
-        return {"pid": "?", "host": "?"}  # unreadable: treat as a stale holder
+def _remove_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # only when empty
 
 
-def _alive(who: dict | None) -> bool:
-    if not who or who.get("host") != socket.gethostname():
-        return False
-    try:
-        os.kill(int(who["pid"]), 0)
-    except (ProcessLookupError, ValueError, TypeError, KeyError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _describe(who: dict) -> str:
+def _describe(who: dict[str, object]) -> str:
     since = who.get("since")
-    when = f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}" if since else ""
+    when = ""
+    if isinstance(since, (int, float)):
+        when = f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}"
     return f"pid {who.get('pid', '?')} on {who.get('host', '?')}{when}"
 
 

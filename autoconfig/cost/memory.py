@@ -145,7 +145,7 @@ class Memory:
 
 def layer_activation_bytes(
     x: CostInputs, tokens: Col, ops: list[Op] | None = None
-) -> tuple[Col, Col, Col]:
+) -> tuple[Col, Col, Col, Col]:
     """Saved bytes per layer per micro-batch: (no recompute, selective, full, op-level)."""
     ops = ops if ops is not None else layer_ops(x)
     keep = total(ops, "saved")
@@ -192,11 +192,11 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     first_flight, last_flight = in_flight(x, 0.0), in_flight(x, last_stage_rank(x))
     parts = []
     single = x.pp == 1
-    for params, experts, flight, buffers, act, working in (
+    for dense, experts, flight, buffers, act, working in (
         (p.dense_first, p.expert, first_flight, emb * first_flight, stage_act, transient),
         (p.dense_last, p.expert_last, last_flight, head + mtp_act, last_act, last_transient),
     ):
-        w, g, o = state_bytes(x, params, shard)
+        w, g, o = state_bytes(x, dense, shard)
         ew, eg, eo = state_bytes(x, experts, p.expert_shards)
         buffers = np.where(single, emb + head + mtp_act, buffers)
         parts.append(

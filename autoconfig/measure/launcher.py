@@ -46,14 +46,14 @@ class Job:
     job_id: str
     folder: Path
     submitted: float
-    handle: object | None = None  # submitit's job object, when this process submitted it
+    handle: submitit.Job[int] | None = None  # submitit's job, when this process submitted it
     started: float | None = None  # when it was first seen running (timeouts count from here)
 
     def running(self) -> bool:
         if self.kind == "local":
-            process = getattr(self.handle, "_process", None)
-            if process is not None:
-                return process.poll() is None
+            if self.handle is not None:
+                return not self.handle.done()
+            # Reattached after a restart: no handle, only the controller's pid.
             return _pid_is_submitit(int(self.job_id))
         return _slurm_state(self.job_id) in SLURM_ALIVE
 
@@ -69,9 +69,8 @@ class Job:
             for victim in victims:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(victim, signal.SIGKILL)
-            process = getattr(self.handle, "_process", None)
-            if process is not None:
-                process.poll()  # reap it
+            if self.handle is not None:
+                self.handle.done()  # a local job's done() polls its process, which reaps it
             return
         flag = "--signal=KILL" if hard else "--full"
         subprocess.run(["scancel", flag, self.job_id], check=False, capture_output=True)
@@ -149,6 +148,7 @@ class Launcher:
 
         folder = run_dir / "submitit"
         config_path = run_dir / "config.json"
+        executor: submitit.Executor
         try:
             if self.kind == "local":
                 executor = submitit.LocalExecutor(folder=folder)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+import pandas as pd
 from optuna.trial import TrialState, create_trial
 
 from autoconfig.base import checks
@@ -24,6 +25,7 @@ from autoconfig.measure.outcome import (
     lost_a_rank,
     only_collateral,
 )
+from autoconfig.measure.progress import Progress
 from autoconfig.measure.sampler import chosen_layout, distributions, taken_keys
 from autoconfig.spec import layout
 from autoconfig.spec.vocab import FailureClass
@@ -83,13 +85,15 @@ class Runner:
     def __init__(
         self,
         study: optuna.Study,
+        storage: optuna.storages.BaseStorage,
         candidates: Candidates,
         launcher: Launcher,
         settings: Settings,
         out: Path,
-        progress: object,
+        progress: Progress,
     ) -> None:
-        self.study, self.candidates, self.launcher = study, candidates, launcher
+        self.study, self.storage = study, storage
+        self.candidates, self.launcher = candidates, launcher
         self.settings, self.out, self.progress = settings, Path(out), progress
         self.space = distributions(candidates.table)
         self._keys = set(candidates.table["key"])
@@ -206,7 +210,7 @@ class Runner:
             )
         return 0
 
-    def _describe(self, trial: optuna.trial.Trial, row: object) -> None:
+    def _describe(self, trial: optuna.trial.Trial, row: pd.Series) -> None:
         trial.set_user_attr("key", row["key"])
         trial.set_user_attr("label", row["label"])
         trial.set_user_attr("analytical_rank", int(row["analytical_rank"]))
@@ -321,7 +325,7 @@ class Runner:
         that is not measured, running or queued already, so each is re-run exactly once."""
         running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         for frozen in running:
-            trial = optuna.trial.Trial(self.study, frozen._trial_id)
+            trial = self._reopen(frozen.number)
             attrs = frozen.user_attrs
             key = attrs.get("key")
             if key not in self._keys:  # killed before its layout was recorded
@@ -348,6 +352,14 @@ class Runner:
                 # Every rank died of its peers' deaths: the search's own stop, not the layout.
             self._tell(trial, Outcome(FailureClass.INTERRUPTED, STOPPED))
         self.requeue_interrupted()
+
+    def _reopen(self, number: int) -> optuna.trial.Trial:
+        """A live handle on trial `number` of the study (one a killed search left running), to
+        record into and tell; found through the storage's public lookups (a trial's id is the
+        storage's, its number the study's: they differ once a storage holds two studies)."""
+        study_id = self.storage.get_study_id_from_name(self.study.study_name)
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        return optuna.trial.Trial(self.study, trial_id)
 
     def requeue_interrupted(self) -> None:
         """Queue each interrupted layout once, oldest first, unless something holds it."""

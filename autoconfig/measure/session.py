@@ -139,9 +139,10 @@ def measure(
     sampler = CandidateSampler(table.table, opts.sampler, opts.seed, startup=max(opts.top_k, 1))
     console = Console(stderr=True)
     with folder_lock(opts.out), stop_on_sigterm():
-        study = open_study(open_storage(url), fingerprint, opts.resume, sampler, str(opts.out))
+        storage = open_storage(url)
+        study = open_study(storage, fingerprint, opts.resume, sampler, str(opts.out))
         with Progress(console) as progress:
-            runner = Runner(study, table, launcher, settings, opts.out, progress)
+            runner = Runner(study, storage, table, launcher, settings, opts.out, progress)
             if not seeded(study):  # a new study (or one whose first run died starting)
                 runner.record_refused_top()
                 queued = enqueue_top(study, table, min(opts.top_k, opts.trials))

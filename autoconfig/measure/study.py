@@ -4,15 +4,16 @@ on --resume), and the analytical top-k queued first."""
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections import Counter
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote
 
 import optuna
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 
 from autoconfig.base.errors import UserError
 from autoconfig.measure.candidates import Candidates
@@ -28,28 +29,54 @@ def storage_url(out: Path, storage: str | None) -> str:
     return storage or f"sqlite:///{Path(out).resolve() / STUDY_FILE}"
 
 
-# user:password@ in a URL, and password-like query parameters (?password=..., &sslkey=...).
-_USERINFO = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(?P<secret>[^/@\s]+)@")
-_QUERY = re.compile(r"(?P<head>[?&](?:password|passwd|pwd|token|secret|sslpassword)=)[^&\s]+", re.I)
+# Query parameters that carry a credential (?password=..., &sslpassword=...): hidden as the
+# password is. (sslkey and sslcert name files, not secrets.)
+_SECRET_KEYS = frozenset({"password", "passwd", "pwd", "token", "secret", "sslpassword"})
+HIDDEN = "***"
+
+
+def _parsed(url: str) -> URL | None:
+    try:
+        return make_url(url)
+    except ArgumentError:  # a journal file, or not a URL
+        return None
+
+
+def _secret_query(parsed: URL) -> dict[str, str | tuple[str, ...]]:
+    return {k: v for k, v in parsed.query.items() if k.lower() in _SECRET_KEYS}
 
 
 def masked(url: str) -> str:
-    """The URL with its password (and password-like query parameters) replaced by ***."""
-    url = _USERINFO.sub(lambda m: m["head"] + "***@", url)
-    return _QUERY.sub(lambda m: m["head"] + "***", url)
+    """The URL with its password (and password-like query parameters) replaced by ***; as given
+    when it holds none. A string that is not a URL hides whatever stands before an '@'."""
+    parsed = _parsed(url)
+    if parsed is None:
+        return f"{HIDDEN}@{url.rsplit('@', 1)[1]}" if "@" in url else url
+    hidden = _secret_query(parsed)
+    if parsed.password is None and not hidden:
+        return url  # nothing to hide: not re-rendered (which would re-quote a path)
+    parsed = parsed.update_query_dict({k: HIDDEN for k in hidden})
+    # The rendering percent-encodes query values: the *** put there reads as *** again.
+    return parsed.render_as_string(hide_password=True).replace(quote(HIDDEN, safe=""), HIDDEN)
 
 
 def _secrets(url: str) -> list[str]:
-    found = [m["secret"] for m in _USERINFO.finditer(url)]
-    found += [m.group(0).split("=", 1)[1] for m in _QUERY.finditer(url)]
+    parsed = _parsed(url)
+    if parsed is None:  # what stands before an '@', and its last ':'-part (a password)
+        before = url.rsplit("@", 1)[0] if "@" in url else ""
+        return [s for s in (before, before.rsplit(":", 1)[-1]) if s]
+    found = [] if parsed.password is None else [parsed.password]
+    for value in _secret_query(parsed).values():
+        found += [value] if isinstance(value, str) else list(value)
     return [s for s in found if s]
 
 
 def hide_secrets(text: str, url: str) -> str:
-    """`text` (a driver's message, say) with the URL's secrets replaced by ***."""
+    """`text` (a driver's message, say) with the URL's secrets replaced by ***, as written in the
+    URL (percent-encoded) or as the driver read them."""
     for secret in sorted(_secrets(url), key=len, reverse=True):
-        text = text.replace(secret, "***")
-        text = text.replace(unquote(secret), "***")
+        text = text.replace(secret, HIDDEN)
+        text = text.replace(quote(secret, safe=""), HIDDEN)
     return text
 
 
