@@ -1,5 +1,9 @@
 """The Python API: search(), estimate(), estimate_frame(), infer(), infer_frame(). Each turns
-its arguments into typed specs and calls the layer that computes; nothing here models."""
+its arguments into typed specs and calls the layer that computes; nothing here models.
+
+`search`, `estimate` and `infer` take the same leading arguments, in the same order: the
+model, the number of GPUs, then the GPU type (autoconfig.spec.defaults.GPU when left out).
+"""
 
 from __future__ import annotations
 
@@ -17,13 +21,13 @@ from autoconfig.base.errors import UserError, pydantic_message
 from autoconfig.columns import frameworks
 from autoconfig.columns.build import Behaviour, Hardware, training_inputs
 from autoconfig.cost import PREDICTION_COLUMNS, CostInputs, comm, evaluate
-from autoconfig.cost.inputs import busiest_rank_layers
+from autoconfig.cost.inputs import busiest_rank_layers, interleaves_by_counting_ends
 from autoconfig.layout_search import batch
 from autoconfig.layout_search import run as search_run
 from autoconfig.layout_search.result import SearchResult
 from autoconfig.rows.resolve import RESOLVED, as_framework_would, auto_settings, read_resolved
 from autoconfig.rows.training import with_predictions
-from autoconfig.spec import catalog, layout
+from autoconfig.spec import defaults, layout
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
 from autoconfig.spec.vocab import Batching
 
@@ -61,29 +65,30 @@ def estimate_frame(runs: pd.DataFrame) -> pd.DataFrame:
 
 def estimate(
     model: str | ModelSpec,
-    gpu: str,
-    num_gpus: int,
+    gpus: int,
+    gpu: str = defaults.GPU,
     *,
     tp: int = 1,
     pp: int = 1,
     vp: int = 1,
     cp: int = 1,
     ep: int = 1,
+    etp: int = 1,
     dp: int | None = None,
     sp: bool | None = None,
     mbs: int = 1,
     gbs: int | None = None,
     seq_len: int | None = None,
-    recompute: str = "none",
+    recompute: str = defaults.RECOMPUTE.value,
     recompute_layers: int | None = None,
-    zero: int = 1,
-    precision: str = "bf16",
+    zero: int = defaults.ZERO,
+    precision: str = defaults.PRECISION.value,
     flash_attention: bool = True,
     gpus_per_node: int | None = None,
     sp_saves_gathered: bool | None = None,
-    framework: str = "megatron",
+    framework: str = defaults.FRAMEWORK.value,
     max_memory_gib: float | None = None,
-    memory_headroom: float = 0.0,
+    memory_headroom: float = defaults.MEMORY_HEADROOM,
     auto: Collection[str] = (),
 ) -> pd.DataFrame:
     """One configuration's predictions and breakdown as a one-row DataFrame: the layout (every
@@ -98,34 +103,34 @@ def estimate(
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
-    fw = catalog.get_framework(framework)
-    num_gpus = checks.integer(num_gpus, "gpus")
-    for name, value in (("tp", tp), ("pp", pp), ("vp", vp), ("cp", cp), ("ep", ep), ("mbs", mbs)):
+    # The model, GPUs, framework, precision, sequence, batch and memory limits are resolved
+    # as the search resolves them (one resolver: the same refusals, the same defaults).
+    request = search_run.make_request(
+        model,
+        gpus,
+        gpu,
+        seq_len=seq_len,
+        gbs=gbs,
+        precision=precision,
+        max_memory_gib=max_memory_gib,
+        memory_headroom=memory_headroom,
+        gpus_per_node=gpus_per_node,
+        flash_attention=flash_attention,
+        framework=framework,
+    )
+    spec, gpu_spec, fw, num_gpus = request.model, request.gpu, request.framework, request.gpus
+    sizes = {"tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp, "mbs": mbs}
+    for name, value in sizes.items():
         checks.integer(value, name)
-    for name, value in (
-        ("dp", dp),
-        ("gbs", gbs),
-        ("seq-len", seq_len),
-        ("gpus-per-node", gpus_per_node),
-    ):
-        if value is not None:
-            checks.integer(value, name)
-    spec = catalog.get_model(model) if isinstance(model, str) else model
-    gpu_spec = catalog.get_gpu(gpu)
-    if not 0 <= memory_headroom < 1:
-        raise UserError(f"memory-headroom: must be a fraction in [0, 1) (got {memory_headroom})")
-    if max_memory_gib is not None and max_memory_gib <= 0:
-        raise UserError(f"max-memory-gib: must be positive (got {max_memory_gib})")
-    dp = dp if dp is not None else num_gpus // max(tp * pp * cp, 1)
+    if dp is not None:
+        checks.integer(dp, "dp")
+    dp = dp if dp is not None else num_gpus // (tp * pp * cp)
     full = str(recompute) == "full"
-    per_stage = int(busiest_rank_layers(spec.layers, max(pp, 1), max(vp, 1)))
-    if gbs is None:
-        rule = batch.fitted_to(
-            batch.default_batch(spec, seq_len or spec.seq_len), max(dp, 1) * max(mbs, 1)
-        )
-        gbs_rule = rule.rule
-    else:
-        gbs_rule = f"{gbs} sequences (given)"
+    per_stage = int(busiest_rank_layers(spec.layers, pp, vp))
+    chosen = batch.default_batch(spec, request.seq_len) if request.gbs_chosen else None
+    rule = batch.fitted_to(chosen, max(dp, 1) * mbs) if chosen is not None else None
+    gbs = rule.gbs if rule is not None else request.gbs
+    gbs_rule = rule.rule if rule is not None else request.gbs_rule
     try:  # the spec checks types and ranges and names the failing field
         run = ParallelConfig(
             dp=dp,
@@ -134,6 +139,7 @@ def estimate(
             vp=vp,
             cp=cp,
             ep=ep,
+            etp=etp,
             sp=tp > 1 if sp is None else sp,
             mbs=mbs,
             recompute=recompute,
@@ -141,19 +147,17 @@ def estimate(
             if full
             else (recompute_layers or 0),
             zero=zero,
-            gbs=gbs if gbs is not None else rule.gbs,
-            seq_len=seq_len or spec.seq_len,
-            precision=precision,
+            gbs=gbs,
+            seq_len=request.seq_len,
+            precision=request.precision,
         )
     except ValidationError as exc:
         raise UserError(pydantic_message(exc)) from None
-    if not gpu_spec.supports(run.precision.value):
-        raise UserError(f"precision: {gpu_spec.name} has no {run.precision.value} tensor cores")
-    hardware = Hardware(gpu_spec, catalog.cluster_for(gpu_spec, gpus_per_node), run.precision)
+    hardware = Hardware(gpu_spec, request.cluster, run.precision)
     does = _behaviour(fw, run.precision.value, flash_attention, sp_saves_gathered)
-    limit_gib = gpu_spec.memory_gib * (1 - memory_headroom)
-    if max_memory_gib is not None:
-        limit_gib = min(limit_gib, max_memory_gib)
+    limit_gib = gpu_spec.memory_gib * (1 - request.constraints.memory_headroom)
+    if request.constraints.max_memory_gib is not None:
+        limit_gib = min(limit_gib, request.constraints.max_memory_gib)
     auto = auto_settings(auto)
     shape = _shape(spec, num_gpus, run)  # what --auto may change leaves these alone
     if auto:
@@ -162,6 +166,28 @@ def estimate(
     broken = layout.first_broken(codes) or frameworks.first_broken(fw, codes)
     if broken:
         raise UserError(broken)
+    # What `train` refuses beside the shared rules (trainer/config.py, in its words) and the
+    # search never enumerates: interleaved chunks that split neither the layers nor, counting
+    # the embedding and the head as a layer each where the framework can, the layers + 2; and
+    # a stage recomputing more layers than it holds.
+    chunks = run.pp * run.vp
+    counted = bool(interleaves_by_counting_ends(spec.layers, run.pp, run.vp)) and (
+        frameworks.counts_ends_to_interleave(fw)
+    )
+    held = int(busiest_rank_layers(spec.layers, run.pp, run.vp))
+    for bad, message in (
+        (
+            run.vp > 1 and spec.layers % chunks != 0 and not counted,
+            f"pp: pp*vp = {chunks} must divide the {spec.layers} layers (or, interleaved, "
+            f"{spec.layers} + 2 with the embedding and the head as layers)",
+        ),
+        (
+            run.recompute_layers > held,
+            f"recompute_layers: at most {held} layers per stage",
+        ),
+    ):
+        if bad:
+            raise UserError(message)
     inputs = training_inputs(
         spec, hardware, layout.frame_of(run.model_dump()), run.gbs, run.seq_len, does
     )
@@ -226,21 +252,21 @@ def _behaviour(
 def search(
     model: str | ModelSpec,
     gpus: int,
-    gpu: str = "h100-sxm-80gb",
+    gpu: str = defaults.GPU,
     *,
     seq_len: int | None = None,
     gbs: int | None = None,
-    precision: str = "bf16",
+    precision: str = defaults.PRECISION.value,
     space: SearchSpace | str | Path | None = None,
     fix: dict[str, object] | None = None,
     max_tp: int | None = None,
     max_pp: int | None = None,
     min_dp: int | None = None,
     max_memory_gib: float | None = None,
-    memory_headroom: float = 0.0,
+    memory_headroom: float = defaults.MEMORY_HEADROOM,
     gpus_per_node: int | None = None,
     flash_attention: bool = True,
-    framework: str = "megatron",
+    framework: str = defaults.FRAMEWORK.value,
 ) -> SearchResult:
     """Every valid layout for `gpus` GPUs, evaluated and ranked. `result.table` holds every
     evaluated layout (feasible first, best first); the result's fields say what was asked,
@@ -278,8 +304,8 @@ def infer_frame(points: pd.DataFrame) -> pd.DataFrame:
 
 def infer(
     model: str | ModelSpec,
-    gpu: str,
     gpus: int,
+    gpu: str = defaults.GPU,
     *,
     input_len: int | str | None = None,
     output_len: int | str | None = None,
@@ -346,7 +372,7 @@ def infer(
                 gpus=gpus,
                 input_len=fixed[0].low,
                 output_len=fixed[1].low,
-                precision=(weights or ("bf16",))[0],
+                precision=(weights or (defaults.PRECISION.value,))[0],
                 kv_precision=(kvs or ("auto",))[0],
                 budget=budget,
                 objective=objective,

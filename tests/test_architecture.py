@@ -1,9 +1,11 @@
 """The structure holds: imports only point down the layers of docs/architecture.md, and every
-layout dimension reaches the cost inputs, the search results, the trainer's configuration and
-every exporter (so a new dimension cannot be half-wired)."""
+layout dimension reaches the command line (estimate and train flags, search --fix), the API,
+the cost inputs, the search results, the trainer's configuration and every exporter (so a new
+dimension cannot be half-wired)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -16,9 +18,11 @@ except ModuleNotFoundError:  # Python 3.10: import-linter brings tomli
 
 import numpy as np
 import pytest
+import typer
 
 from autoconfig import api
 from autoconfig.base.errors import UserError
+from autoconfig.cli import register
 from autoconfig.columns.build import Hardware, training_inputs
 from autoconfig.report import exports
 from autoconfig.spec import layout
@@ -91,6 +95,20 @@ OTHER |= {"recompute": "selective", "recompute_layers": 4, "zero": 1}
 
 def test_every_dimension_has_a_varied_value() -> None:
     assert set(BASE) == set(OTHER) == set(layout.NAMES)
+
+
+@pytest.mark.parametrize("name", layout.NAMES)
+def test_dimension_reaches_the_command_line_and_the_api(name: str) -> None:
+    """`estimate` and `train` take it as a flag, `api.estimate` as a parameter, and `search
+    --fix` (layout.parse_fix) as a key with its value."""
+    commands = typer.main.get_command(register()).commands
+    flag = "--" + name.replace("_", "-")
+    for command in ("estimate", "train"):
+        flags = {opt for param in commands[command].params for opt in param.opts}
+        assert flag in flags, f"`autoconfig {command}` has no {flag}"
+    assert name in inspect.signature(api.estimate).parameters, f"api.estimate has no {name}"
+    fixed = layout.parse_fix([f"{name}={OTHER[name]}"])
+    assert layout.BY_NAME[name].plain(fixed[name]) == OTHER[name]
 
 
 @pytest.mark.parametrize("name", layout.NAMES)

@@ -61,45 +61,46 @@ def test_composer_runs_no_pipeline_and_no_tensor_parallelism() -> None:
 
 def test_estimate_refuses_what_the_framework_cannot_run() -> None:
     with pytest.raises(UserError, match=r"zero: megatron .*ZeRO"):
-        api.estimate("llama3-8b", "h100-sxm-80gb", 16, tp=2, pp=2, zero=2, framework="megatron")
+        api.estimate("llama3-8b", 16, "h100-sxm-80gb", tp=2, pp=2, zero=2, framework="megatron")
     # torchtitan runs FSDP with pipelining
-    row = api.estimate("llama3-8b", "h100-sxm-80gb", 16, tp=2, pp=2, zero=3, framework="torchtitan")
+    row = api.estimate("llama3-8b", 16, "h100-sxm-80gb", tp=2, pp=2, zero=3, framework="torchtitan")
     assert row["framework"].iloc[0] == "torchtitan"
 
 
 def test_overlapped_communication_is_not_charged_as_exposed() -> None:
     layout = {"tp": 8, "pp": 4, "vp": 1, "mbs": 1, "gbs": 512, "zero": 1, "sp": True}
-    megatron = api.estimate("llama3-70b", "h100-sxm-80gb", 256, framework="megatron", **layout)
-    plain = api.estimate("llama3-70b", "h100-sxm-80gb", 256, framework="nanotron", **layout)
+    megatron = api.estimate("llama3-70b", 256, "h100-sxm-80gb", framework="megatron", **layout)
+    plain = api.estimate("llama3-70b", 256, "h100-sxm-80gb", framework="nanotron", **layout)
     # Megatron overlaps TP communication (userbuffers) and the gradient reduce-scatter
     assert float(megatron["time_tp_comm_s"].iloc[0]) < float(plain["time_tp_comm_s"].iloc[0])
     assert float(megatron["pred_step_time_s"].iloc[0]) < float(plain["pred_step_time_s"].iloc[0])
 
 
 def test_zero3_across_nodes_pays_for_its_weight_traffic() -> None:
-    """gpt3-175b, ZeRO-3 on 1536 A100: each micro-batch gathers the fp16 model (350 GB) for
+    """gpt3-175b, ZeRO-3 on 1536 A100: each micro-batch gathers the 16-bit model (350 GB) for
     forward and again for backward and reduce-scatters its gradients. Each node must bring
     the whole model in through its eight 25 GB/s NICs for every pass (its own GPUs hold
     8/1536 of it): three passes at line rate are a floor on the step, since no layer runs
     before its weights arrive, and what the layers' own compute (one micro-batch per step)
-    cannot hide stays exposed."""
+    cannot hide stays exposed (each micro-batch's own compute, ~15 s here, hides most)."""
     row = api.estimate(
         "gpt3-175b",
-        "a100-sxm-80gb",
         1536,
+        "a100-sxm-80gb",
         zero=3,
         mbs=1,
         gbs=1536,
         seq_len=2048,
         recompute="full",
-        precision="fp16",
+        precision="bf16",  # torchtitan trains in bf16, not fp16 (its profile; the search's rule)
         framework="torchtitan",
     ).iloc[0]
     cluster = catalog.get_gpu("a100-sxm-80gb").cluster
     node_in = cluster.gpus_per_node * cluster.inter_node_gb_s * 1e9
     passes = 3 * 350e9 / node_in
     assert float(row["pred_step_time_s"]) > passes
-    assert float(row["time_dp_comm_s"]) > 0.5 * passes
+    # the first layer's gather and the last reduce-scatter hide behind no compute
+    assert float(row["time_dp_comm_s"]) > 0.1 * passes
     assert float(row["pred_mfu"]) < 0.514  # below the best published 3D-parallel run
 
 
@@ -249,10 +250,10 @@ def test_estimate_auto_chooses_what_the_batch_resolution_chooses() -> None:
     """`estimate --auto zero,recompute,vp` and a batch row that leaves them unknown pick the
     same settings; without --auto the stated defaults are honoured (and do not fit)."""
     shape = {"tp": 4, "pp": 4, "mbs": 1, "gbs": 128, "seq_len": 8192}
-    given = api.estimate("llama3-70b", "h100-sxm-80gb", 64, **shape).iloc[0]
+    given = api.estimate("llama3-70b", 64, "h100-sxm-80gb", **shape).iloc[0]
     assert given["recompute"] == "none" and not bool(given["pred_fits"])
     auto = api.estimate(
-        "llama3-70b", "h100-sxm-80gb", 64, **shape, auto=["zero", "recompute", "vp"]
+        "llama3-70b", 64, "h100-sxm-80gb", **shape, auto=["zero", "recompute", "vp"]
     ).iloc[0]
     assert bool(auto["pred_fits"]) and auto["auto"] == "zero,recompute,vp"
     spec = catalog.get_model("llama3-70b")
@@ -518,7 +519,7 @@ def test_frameworks_on_torchs_fully_shard_copy_their_gathers_and_reductions(monk
     layout = {"mbs": 1, "gbs": 256, "seq_len": 8192, "recompute": "full", "zero": 3}
 
     def compute() -> float:
-        row = api.estimate("llama3-8b", "h100-sxm-80gb", 64, framework="torchtitan", **layout)
+        row = api.estimate("llama3-8b", 64, "h100-sxm-80gb", framework="torchtitan", **layout)
         return float(row["time_compute_s"].iloc[0])
 
     with_copies = compute()
@@ -536,7 +537,7 @@ def test_deepspeed_zero2_pays_a_reduction_per_micro_batch_where_zero1_does_not()
 
     def dp_comm(zero: int, gbs: int, framework: str = "deepspeed") -> float:
         row = api.estimate(
-            "llama3-70b", "h100-sxm-80gb", 256, zero=zero, gbs=gbs, framework=framework, **layout
+            "llama3-70b", 256, "h100-sxm-80gb", zero=zero, gbs=gbs, framework=framework, **layout
         )
         return float(row["time_dp_comm_s"].iloc[0])
 

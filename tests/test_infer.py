@@ -127,7 +127,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needles: tuple[str, ...])
 
 def test_min_gpus_message_counts_the_smallest_split() -> None:
     with pytest.raises(UserError, match=r"needs at least 5 GPUs \(tp1 pp5\)"):
-        api.infer("gpt3-175b", "a100-sxm-80gb", 2, input_len=60, output_len=20, batching="static")
+        api.infer("gpt3-175b", 2, "a100-sxm-80gb", input_len=60, output_len=20, batching="static")
 
 
 def test_batch_mode_over_the_reference_table(tmp_path: Path, reference: Path) -> None:

@@ -11,11 +11,11 @@ from helpers import assert_user_error, run_cli
 
 from autoconfig import api
 from autoconfig.base.errors import UserError
-from autoconfig.cli import defaults, register
+from autoconfig.cli import register
 from autoconfig.layout_search import batch
 from autoconfig.layout_search import compare as judge
 from autoconfig.layout_search import plan as planning
-from autoconfig.spec import layout
+from autoconfig.spec import defaults, layout
 
 
 def test_plan_finds_the_fewest_gpus_of_a_brute_force_loop() -> None:
@@ -59,10 +59,10 @@ def test_the_batch_rule_does_not_grow_with_the_cluster() -> None:
 
 
 def test_estimate_uses_the_same_batch_rule_and_says_so() -> None:
-    row = api.estimate("llama3-70b", "h100-sxm-80gb", 64, tp=8, pp=2).iloc[0]
+    row = api.estimate("llama3-70b", 64, "h100-sxm-80gb", tp=8, pp=2).iloc[0]
     rule = api.search("llama3-70b", 64).request.gbs
     assert row["gbs"] == rule and "GPT-3" in row["gbs_rule"]
-    odd = api.estimate("llama3-70b", "h100-sxm-80gb", 48, tp=8, pp=2).iloc[0]
+    odd = api.estimate("llama3-70b", 48, "h100-sxm-80gb", tp=8, pp=2).iloc[0]
     assert odd["gbs"] % 3 == 0 and "rounded" in odd["gbs_rule"]
 
 
@@ -73,8 +73,8 @@ def test_compare_ranks_a_layout_at_its_place_in_the_search(position: int) -> Non
     plain = layout.plain(row)
     mine = api.estimate(
         "llama3-8b",
-        "h100-sxm-80gb",
         16,
+        "h100-sxm-80gb",
         gbs=128,
         **{k: plain[k] for k in ("tp", "pp", "vp", "cp", "ep", "dp", "sp", "mbs", "zero")},
         recompute=plain["recompute"],

@@ -9,9 +9,10 @@ from pathlib import Path
 import typer
 import yaml
 
+from autoconfig.base import checks
 from autoconfig.base.fileio import write_text
 from autoconfig.cli.app import app
-from autoconfig.cli.options import OUT_FILE
+from autoconfig.cli.options import OUT_FILE, checked
 from autoconfig.report import terminal
 from autoconfig.spec import catalog as models_and_gpus
 
@@ -31,7 +32,9 @@ def gpus() -> None:
 
 @app.command()
 def calibrate(
-    run: Path = typer.Argument(..., help="a measured search's --out folder"),
+    run: Path = typer.Argument(
+        ..., help="a measured search's --out folder", callback=checked(checks.path_name)
+    ),
     write: Path = typer.Option(
         None, help="where to write the calibrated profile YAML", callback=OUT_FILE
     ),

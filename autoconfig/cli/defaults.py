@@ -1,5 +1,6 @@
-"""The defaults every command shares, declared once: each command's flags take them from here
-(so every --help shows the same values), and a command prints the ones it used."""
+"""The flags every command shares, built once from autoconfig.spec.defaults (the values the
+Python API and the search use too), so every --help shows the same defaults; and the line a
+command prints with the defaults it used."""
 
 from __future__ import annotations
 
@@ -8,19 +9,40 @@ import sys
 import typer
 
 from autoconfig.cli.options import AMOUNT, COUNT, FRACTION, framework_named
-from autoconfig.spec.vocab import Framework, Precision, Recompute, ZeroStage
+from autoconfig.spec import defaults, layout
+from autoconfig.spec.vocab import Framework, Precision, Recompute
 
-GPU = "h100-sxm-80gb"
-PRECISION = Precision.BF16
-ZERO = int(ZeroStage.OPTIMIZER)
-RECOMPUTE = Recompute.NONE
-FRAMEWORK = Framework.MEGATRON
 SP = "on when tp > 1"
 GBS = "the batch rule: tokens per step by model size (printed)"
+GPU_HELP = "GPU profile name or YAML (see `autoconfig gpus`)"
 
 
 def gpu(extra: str = "") -> str:
-    return typer.Option(GPU, help=f"GPU profile name or YAML (see `autoconfig gpus`){extra}")
+    return typer.Option(defaults.GPU, help=f"{GPU_HELP}{extra}")
+
+
+def gpu_types() -> list[str]:
+    """A repeatable --gpu (plan compares types), the shared GPU by default."""
+    return typer.Option([defaults.GPU], help=f"{GPU_HELP}; repeat to compare types")
+
+
+def trial_gpu() -> str:
+    """--gpu of a command whose measured trials may run on CPU ranks (chosen when it runs)."""
+    return typer.Option(
+        None,
+        show_default=f"{defaults.GPU} ({defaults.CPU_TRIAL_GPU} for CPU trials)",
+        help=GPU_HELP,
+    )
+
+
+def size(name: str, help: str = "", follows: str = "") -> int:
+    """The flag of an integer layout dimension (--tp, --etp, ...): the declaration's default
+    and help (autoconfig.spec.layout) unless the command says otherwise. With `follows` the
+    flag has no value of its own until given; the text says what it follows then."""
+    d = layout.BY_NAME[name]
+    if follows:
+        return typer.Option(None, show_default=follows, help=help or d.help, callback=COUNT)
+    return typer.Option(d.default, help=help or d.help, callback=COUNT)
 
 
 def profile() -> str:
@@ -28,15 +50,25 @@ def profile() -> str:
 
 
 def precision() -> Precision:
-    return typer.Option(PRECISION, help="training precision")
+    return typer.Option(defaults.PRECISION, help="training precision")
+
+
+def trainer_precision() -> str:
+    """train's --precision: what the bundled trainer runs in (plain text: it takes auto)."""
+    return typer.Option(
+        defaults.PRECISION.value,
+        help="bf16 or fp32; auto: bf16 on GPU, fp32 on CPU (the default on CPU)",
+    )
 
 
 def zero() -> int:
-    return typer.Option(ZERO, min=0, max=3, help="0, 1 (distributed optimizer), 2, 3 (FSDP)")
+    return typer.Option(
+        defaults.ZERO, min=0, max=3, help="0, 1 (distributed optimizer), 2, 3 (FSDP)"
+    )
 
 
 def recompute() -> Recompute:
-    return typer.Option(RECOMPUTE, help="activation recompute")
+    return typer.Option(defaults.RECOMPUTE, help="activation recompute")
 
 
 def sp() -> bool:
@@ -51,7 +83,7 @@ def gbs() -> int:
 
 def framework(help: str = "the framework that runs it (what it overlaps and fuses)") -> Framework:
     return typer.Option(
-        FRAMEWORK.value,
+        defaults.FRAMEWORK.value,
         parser=str,
         callback=framework_named,
         help=f"{help} (its name, or an alias its profile lists)",
@@ -70,7 +102,9 @@ def max_memory_gib() -> float:
 
 
 def memory_headroom() -> float:
-    return typer.Option(0.0, help="fraction of GPU memory to keep free", callback=FRACTION)
+    return typer.Option(
+        defaults.MEMORY_HEADROOM, help="fraction of GPU memory to keep free", callback=FRACTION
+    )
 
 
 def defaulted(ctx: typer.Context, name: str) -> bool:

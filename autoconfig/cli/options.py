@@ -4,7 +4,6 @@ input, key=value lists, and whether a GPU is here."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import typer
 
-from autoconfig.base import checks
+from autoconfig.base import checks, fileio
 from autoconfig.base.errors import UserError
 from autoconfig.base.folderlock import folder_lock
 from autoconfig.spec import catalog, machine
@@ -77,13 +76,13 @@ def claimed(out: Path | None) -> Iterator[None]:
 
 
 def read_csv(runs: Path) -> pd.DataFrame:
-    """A CSV of runs, every cell as text (checks.text_file: a text file, not a folder)."""
-    text = checks.text_file(runs, "runs")
-    try:
-        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-        reason = " ".join(str(exc).split())[:200]
-        raise UserError(f"runs: '{runs}' is not a readable CSV ({reason})") from None
+    """A CSV of runs, every cell as text (checks.text_file: a text file, not a folder). A row
+    with more cells than the header keeps its error in attrs[fileio.ROW_ERRORS] (the row
+    readers report it as that row's error); the other rows are read as usual."""
+    table = fileio.csv_rows(checks.text_file(runs, "runs"), "runs", f"'{runs}'")
+    frame = pd.DataFrame(table.rows, columns=table.header, dtype=str)
+    frame.attrs[fileio.ROW_ERRORS] = table.errors
+    return frame
 
 
 def pairs(items: list[str] | None, flag: str) -> dict[str, str]:

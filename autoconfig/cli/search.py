@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import typer
 
 from autoconfig import api
-from autoconfig.base.checks import MAX_COUNT
 from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
@@ -28,8 +27,15 @@ from autoconfig.cli.options import (
     on_cpu,
 )
 from autoconfig.layout_search.result import SearchResult
+from autoconfig.layout_search.space import load_space
 from autoconfig.report import exports, files, terminal
 from autoconfig.spec import catalog, layout
+from autoconfig.spec.defaults import (
+    CPU_TRIAL_GPU,
+    CPU_TRIAL_SEQUENCES_PER_RANK,
+    cpu_trial_gbs,
+    gpu_for,
+)
 
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
@@ -44,7 +50,7 @@ def search(
     gpus: int = typer.Option(
         ..., help="total number of GPUs (with --measure: ranks)", callback=COUNT
     ),
-    gpu: str = defaults.gpu(" (cpu-gloo for CPU trials)"),
+    gpu: str = defaults.gpu(f" ({CPU_TRIAL_GPU} for CPU trials)"),
     profile: str = defaults.profile(),
     seq_len: int = typer.Option(
         None, help="sequence length (default: the model's)", callback=COUNT
@@ -147,8 +153,8 @@ def search(
     if profile is not None and not defaults.defaulted(ctx, "gpu"):
         raise UserError("profile: give --profile or --gpu, not both")
     cpu = on_cpu(measure, device)
-    if cpu and defaults.defaulted(ctx, "gpu"):
-        gpu = "cpu-gloo"
+    if defaults.defaulted(ctx, "gpu"):
+        gpu = gpu_for(trials_on_cpu=cpu)
     # --profile is always a file, whatever its name (catalog.get_gpu reads paths as files).
     profile = str(Path(profile).absolute()) if profile is not None else None
     gpu = profile or gpu
@@ -156,7 +162,7 @@ def search(
         max_memory_gib = trial_memory_gib  # predict against the cap the trials will run under
     cpu_batch = cpu and gbs is None
     if cpu_batch:
-        gbs = min(4 * gpus, MAX_COUNT)  # CPU trials: a few sequences per rank
+        gbs = cpu_trial_gbs(gpus)
     if measure and out is None:
         if resume:
             raise UserError("out: --resume needs the --out folder of the search to continue")
@@ -165,6 +171,7 @@ def search(
         framework = emit
     catalog.get_model(model)  # an unknown name is one line before any work starts
     catalog.get_gpu(gpu)  # the framework was resolved by its flag's callback
+    search_space = load_space(space) if space is not None else None  # a bad file: one line
     opts = measure_options(locals(), cpu) if measure else None
     if opts is not None:
         _check_measure(opts)  # before the search: a bad trial option costs nothing
@@ -177,7 +184,7 @@ def search(
             seq_len=seq_len,
             gbs=gbs,
             precision=precision.value,
-            space=space,
+            space=search_space,
             fix=fixed,
             max_tp=max_tp,
             max_pp=max_pp,
@@ -191,7 +198,9 @@ def search(
             ctx,
             {
                 "gpu": gpu,
-                "gbs": f"{gbs} sequences, 4 per rank for CPU trials" if cpu_batch else "",
+                "gbs": f"{gbs} sequences, {CPU_TRIAL_SEQUENCES_PER_RANK} per rank for CPU trials"
+                if cpu_batch
+                else "",
                 "precision": precision.value,
                 "framework": framework.value,
             },

@@ -20,7 +20,9 @@ ZERO = checked(checks.integer, low=0, high=3)
 def train(
     ctx: typer.Context,
     model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
-    config: Path = typer.Option(None, help="a trainer configuration JSON instead of flags"),
+    config: Path = typer.Option(
+        None, help="a trainer configuration JSON instead of flags (only --out goes beside it)"
+    ),
     layers: int = typer.Option(None, help="keep only this many layers", callback=COUNT),
     seq_len: int = typer.Option(
         None, help="sequence length (default: the model's)", callback=COUNT
@@ -33,6 +35,7 @@ def train(
     dp: int = typer.Option(None, help="default: nproc / (tp*pp*cp)", callback=COUNT),
     cp: int = typer.Option(1, help="context parallel degree", callback=COUNT),
     ep: int = typer.Option(1, help="expert parallel degree", callback=COUNT),
+    etp: int = defaults.size("etp", follows="tp on MoE models (Megatron-Core's default)"),
     sp: bool = defaults.sp(),
     mbs: int = typer.Option(1, help="micro-batch size", callback=COUNT),
     gbs: int = typer.Option(
@@ -46,10 +49,7 @@ def train(
     capacity_factor: float = typer.Option(
         None, help="MoE: tokens an expert takes, as a multiple of its even share (default: all)"
     ),
-    precision: str = typer.Option(
-        defaults.PRECISION.value,
-        help="bf16 or fp32; auto: bf16 on GPU, fp32 on CPU (the default on CPU)",
-    ),
+    precision: str = defaults.trainer_precision(),
     device: Device = typer.Option(Device.AUTO),
     steps: int = typer.Option(10, callback=COUNT),
     warmup: int = typer.Option(2, help="steps left out of the median step time", callback=COUNT0),
@@ -73,6 +73,19 @@ def train(
 
     if gpus is not None and nproc is not None and gpus != nproc:
         raise UserError("gpus: give --gpus (or its old name --nproc), not both")
+    if config is not None:  # the file states the whole run: a flag beside it would be lost
+        beside = [
+            name
+            for name in ctx.params
+            if name not in ("config", "out") and not defaults.defaulted(ctx, name)
+        ]
+        if beside:
+            flag = beside[0].replace("_", "-")
+            key = "world_size" if beside[0] in ("gpus", "nproc") else beside[0]
+            raise UserError(
+                f"{flag}: --config states the whole run; set {key} in {config} "
+                f"instead of giving --{flag} beside it"
+            )
     if defaults.defaulted(ctx, "precision"):
         precision = "auto"  # bf16 on a GPU; a CPU trains in fp32 unless asked
     if sp is None:  # a slice runs one device: its tp shapes have no sequence to split
@@ -102,6 +115,7 @@ def train(
             "dp": dp,
             "cp": cp,
             "ep": ep,
+            "etp": etp,
             "sp": sp,
             "mbs": mbs,
             "gbs": gbs,

@@ -17,7 +17,7 @@ from autoconfig.layout_search.batch import default_batch
 from autoconfig.layout_search.rank import Constraints, explain_winner, rank
 from autoconfig.layout_search.result import SearchRequest, SearchResult
 from autoconfig.layout_search.space import enumerate_candidates, load_space
-from autoconfig.spec import catalog, layout
+from autoconfig.spec import catalog, defaults, layout
 from autoconfig.spec.schema import ModelSpec, SearchSpace
 from autoconfig.spec.vocab import Precision
 
@@ -25,23 +25,25 @@ from autoconfig.spec.vocab import Precision
 def make_request(
     model: str | ModelSpec,
     gpus: int,
-    gpu: str = "h100-sxm-80gb",
+    gpu: str = defaults.GPU,
     *,
     seq_len: int | None = None,
     gbs: int | None = None,
-    precision: str = "bf16",
+    precision: str = defaults.PRECISION.value,
     space: SearchSpace | str | Path | None = None,
     fix: dict[str, object] | None = None,
     max_tp: int | None = None,
     max_pp: int | None = None,
     min_dp: int | None = None,
     max_memory_gib: float | None = None,
-    memory_headroom: float = 0.0,
+    memory_headroom: float = defaults.MEMORY_HEADROOM,
     gpus_per_node: int | None = None,
     flash_attention: bool = True,
-    framework: str = "megatron",
+    framework: str = defaults.FRAMEWORK.value,
 ) -> SearchRequest:
-    """The request with every default resolved; bad input is one UserError line."""
+    """The request with every default resolved; bad input is one UserError line. The one
+    resolver of a training question: the search, `estimate` and `plan` all ask it, so each
+    refuses and defaults alike."""
     gpus = checks.integer(gpus, "gpus")
     seq_len = None if seq_len is None else checks.integer(seq_len, "seq-len")
     gbs = None if gbs is None else checks.integer(gbs, "gbs")

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from autoconfig.base import checks
 from autoconfig.base.errors import UserError
-from autoconfig.spec.vocab import Choice, Framework, Recompute, ZeroStage
+from autoconfig.spec.vocab import Choice, Framework, Recompute, ZeroStage, boolean
 
 MEGATRON, NEMO, TORCHTITAN = Framework.MEGATRON, Framework.NEMO, Framework.TORCHTITAN
 DEEPSPEED, NANOTRON, COMPOSER = Framework.DEEPSPEED, Framework.NANOTRON, Framework.COMPOSER
@@ -57,32 +57,21 @@ class Dimension:
         name = f"{where}{self.name}"
         if isinstance(text, list | tuple | dict | set):  # YAML can nest; a value cannot
             raise UserError(f"{name}: must be a single value (got a {type(text).__name__})")
-        if self.type is int:  # exact, bounded, not a bool (checks.integer)
+        # One reading of each kind wherever the text comes from (--fix, YAML, CSV rows):
+        # integers by checks.integer, yes-or-no by vocab.boolean, choices by their enum.
+        if self.type is int:  # exact, bounded, not a bool
             return checks.integer(text, name, 0 if self.minimum is None else self.minimum)
-        if isinstance(text, self.type):
-            value = text
-        elif self.type is bool:
-            word = str(text).strip().lower()
-            if word not in _BOOL:
-                raise UserError(f"{name}: must be true or false (got '{text}')")
-            value = _BOOL[word]
-        elif issubclass(self.type, Choice):
-            value = self.type.parse(text, name)
-        else:
+        if self.type is bool:
+            return boolean(text, name)
+        if self.type is ZeroStage:  # an integer that names a stage
             try:
-                number = float(str(text).strip())
-            except ValueError:
-                number = float("nan")
-            if not (np.isfinite(number) and number == int(number)):
-                raise UserError(f"{name}: must be an integer (got '{text}')")
-            value = int(number)
-        if self.type is ZeroStage:
-            if int(value) not in {int(z) for z in ZeroStage}:
-                raise UserError(f"{name}: must be {ZeroStage.allowed()} (got {value})")
-            return ZeroStage(int(value))
-        if self.type is int and self.minimum is not None and value < self.minimum:
-            raise UserError(f"{name}: must be >= {self.minimum} (got {value})")
-        return value
+                return ZeroStage(checks.integer(text, name, min(ZeroStage), max(ZeroStage)))
+            except UserError:
+                got = checks.shown(text)
+                raise UserError(f"{name}: must be {ZeroStage.allowed()} (got {got})") from None
+        if isinstance(text, self.type):
+            return text
+        return self.type.parse(text, name)
 
     def plain(self, value: Any) -> Any:
         """The value as plain Python (what CSV files, JSON and Optuna hold)."""
@@ -98,10 +87,6 @@ class Dimension:
             codes = {m.value: float(m.code) for m in Recompute}
             return np.asarray(pd.Series(values, dtype=object).astype(str).map(codes), float)
         return np.asarray(values, dtype=float)
-
-
-_BOOL = {"true": True, "1": True, "y": True, "yes": True, "false": False, "0": False}
-_BOOL |= {"n": False, "no": False}
 
 
 # Framework settings per dimension. Megatron-LM and Megatron-DeepSpeed take command-line flags,

@@ -4,11 +4,42 @@ messages can list them and the cost model compares codes, not bare numbers."""
 from __future__ import annotations
 
 from enum import Enum, IntEnum
+from typing import TypeVar
 
+from pydantic import TypeAdapter, ValidationError
+
+from autoconfig.base.checks import shown
 from autoconfig.base.errors import UserError
 
 GIB = float(2**30)
 """All "GB" figures in autoconfig are GiB (2^30 bytes), the unit PyTorch and nvidia-smi report."""
+
+
+# Yes or no, however a CSV cell, a --fix value or a YAML entry spells it: pydantic's reading
+# (true/false, yes/no, y/n, on/off, t/f, 1/0, any case), so every reader accepts the same words.
+_BOOLEAN = TypeAdapter(bool)
+BOOLEAN_WORDS = "true or false (yes/no, y/n, on/off, t/f, 1/0)"
+
+
+def boolean_or_none(value: object) -> bool | None:
+    """`value` as a bool, or None when it is no yes-or-no word."""
+    if isinstance(value, str):
+        value = value.strip()
+    try:
+        return _BOOLEAN.validate_python(value)
+    except ValidationError:
+        return None
+
+
+def boolean(value: object, field: str) -> bool:
+    """`value` as a bool, or a UserError naming the field and the words allowed."""
+    parsed = boolean_or_none(value)
+    if parsed is None:
+        raise UserError(f"{field}: must be {BOOLEAN_WORDS} (got {shown(value)})")
+    return parsed
+
+
+_C = TypeVar("_C", bound="Choice")  # parse returns a member of the class it is called on
 
 
 class Choice(str, Enum):
@@ -28,7 +59,7 @@ class Choice(str, Enum):
         return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
     @classmethod
-    def parse(cls, text: object, field: str) -> Choice:
+    def parse(cls: type[_C], text: object, field: str) -> _C:
         """The member named by `text` (case and spaces ignored), or a UserError naming the
         field and the allowed values."""
         key = str(text).strip().lower()
