@@ -170,7 +170,8 @@ def test_a_row_with_an_impossible_sequence_length_says_so(capsys, probe_files, t
     assert execute(["estimate", "--runs", str(probe_files["huge_seq.csv"]), "--out", str(out)]) == 0
     capsys.readouterr()
     row = pd.read_csv(out, dtype=str, keep_default_na=False).iloc[0]
-    assert row["error"].startswith("seq_len: must be <= 16,777,216")
+    # read as --fix reads an integer (checks.integer): the field and the range allowed
+    assert row["error"].startswith("seq_len: must be an integer in 1..16,777,216")
     assert row["pred_step_time_s"] == ""  # blank, and the reason says why
 
 

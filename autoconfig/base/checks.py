@@ -4,6 +4,7 @@ naming the field and what is allowed."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -20,6 +21,10 @@ MAX_AMOUNT = 1e15
 MAX_TEXT_BYTES = 64 * 2**20
 # Paths whose writes the kernel refuses or discards, whatever the permissions say.
 PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
+# Linux's NAME_MAX and PATH_MAX: a longer file or folder name, or a longer path, is refused by
+# the kernel ("File name too long"), so it is refused here first, naming the flag.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
 
 
 def integer(value: object, field: str, low: int = 1, high: int = MAX_COUNT) -> int:
@@ -107,10 +112,34 @@ def shown(value: object) -> str:
 # -- paths ----------------------------------------------------------------------------------------
 
 
+def path_name(path: Path | str, field: str) -> Path:
+    """`path` as a Path, if the filesystem can name it: no NUL character, no part longer than
+    MAX_NAME_BYTES and at most MAX_PATH_BYTES in all (UTF-8 bytes, as the kernel counts).
+    Every path flag passes here before anything looks the path up."""
+    text = os.fspath(path)
+    if "\x00" in text:
+        raise UserError(f"{field}: a path cannot hold a NUL character (got {shown(text)})")
+    size = len(os.fsencode(text))
+    if size > MAX_PATH_BYTES:
+        raise UserError(
+            f"{field}: the path is {size:,} bytes long, more than the {MAX_PATH_BYTES:,} a path "
+            f"may be (got {shown(text)})"
+        )
+    for part in Path(text).parts:
+        size = len(os.fsencode(part))
+        if size > MAX_NAME_BYTES:
+            raise UserError(
+                f"{field}: a file or folder name of {size:,} bytes, more than the "
+                f"{MAX_NAME_BYTES} a name may be (got {shown(part)})"
+            )
+    return Path(text)
+
+
 def text_file(path: Path | str, field: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
-    """The whole text of a UTF-8 file: it must exist, be a regular file (not a folder or a
-    device), hold at most `max_bytes` and no binary content."""
-    path = Path(path)
+    """The whole text of a UTF-8 file: it must exist, be a regular file (not a folder, a
+    device or a pipe: those are refused before anything is read), hold at most `max_bytes`
+    and no binary content."""
+    path = path_name(path, field)
     if not path.exists():
         raise UserError(f"{field}: no such file '{path}'")
     if path.is_dir():
@@ -142,7 +171,7 @@ def output_folder(path: Path | str, field: str) -> Path:
     filesystem, and the nearest existing ancestor a writable folder. Creates nothing."""
     if str(path) == "":  # Path('') would be '.': the current folder, never meant
         raise UserError(f"{field}: must not be empty (give a folder; '.' for the current one)")
-    path = Path(path)
+    path = path_name(path, field)
     if path.exists() and not path.is_dir():
         raise UserError(f"{field}: '{path}' is a file, not a folder")
     _writable_place(path, field)
@@ -152,7 +181,7 @@ def output_folder(path: Path | str, field: str) -> Path:
 def output_file(path: Path | str, field: str) -> Path:
     """A file autoconfig may write whole: not a folder, not under a pseudo filesystem, and in a
     folder that exists or can be created and written. Creates nothing."""
-    path = Path(path)
+    path = path_name(path, field)
     if path.is_dir():
         raise UserError(f"{field}: '{path}' is a folder; give a file name")
     if path.exists() and not path.is_file():
@@ -173,3 +202,23 @@ def _writable_place(folder: Path, field: str) -> None:
         raise UserError(f"{field}: '{existing}' is a file, so '{folder}' cannot be a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{field}: cannot write in '{existing}' (permission denied)")
+
+
+def json_text(text: str, where: str) -> object:
+    """JSON text parsed, with one line naming `where` when it is not JSON, nests too deeply, or
+    gives a key twice in one object (json would keep the last silently)."""
+
+    def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        seen: dict[str, object] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise UserError(f"{where}: key {shown(key)} is given twice in one object")
+            seen[key] = value
+        return seen
+
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise UserError(f"{where}: nests too deeply") from None

@@ -12,7 +12,7 @@ import pandas as pd
 import yaml
 from pydantic import ValidationError
 
-from autoconfig.base import resources
+from autoconfig.base import checks, resources
 from autoconfig.base.errors import UserError, pydantic_message
 from autoconfig.columns import frameworks
 from autoconfig.cost.inputs import busiest_rank_layers, interleaves_by_counting_ends
@@ -23,17 +23,19 @@ from autoconfig.spec.vocab import Recompute
 
 STRUCTURE = tuple(d for d in layout.SEARCHED if d.structural)
 SETTINGS = tuple(d for d in layout.SEARCHED if not d.structural)
+# Layouts the second pass crosses (the structures that pass the layout rules times the
+# settings): the default space crosses at most about 250,000; 2^21 rows take about 3 s and
+# 0.5 GB on two cores, and the limit is checked before any of them is built.
+MAX_CROSSED_LAYOUTS = 2**21
 
 
 def load_space(path: Path | None = None) -> SearchSpace:
     """The default space, with the keys of a user file (if any) replacing the defaults."""
     values = read_yaml(resources.search_space("default"))
     if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise UserError(f"space: no such file '{path}'")
-        if not path.is_file():
-            raise UserError(f"space: '{path}' is a folder, not a YAML file")
+        # read_yaml's text-file check: the name first, then a regular file of at most
+        # catalog.MAX_YAML_BYTES (a folder, a pipe or /dev/zero is refused before reading)
+        path = checks.path_name(path, "space")
         user = read_yaml(path, "space")
         lines = path.read_text(errors="replace").splitlines()
         for key in user:
@@ -144,11 +146,20 @@ def enumerate_candidates(
         first = {**defaults, **s, "dp": dp, **shape, "gbs": dp}
         keep = _apply(
             [(f"{n}: {r}", bad) for n, r, bad in layout.rules(first)]
-            + _structure_policies(s, layers, seq_len, space, count_ends),
+            + _structure_policies(s, layers, seq_len, space, count_ends)
+            + _split_widths(s, model),
             per_structure,
             dropped,
         )
     idx = np.flatnonzero(keep)
+    crossed = len(idx) * per_structure
+    if crossed > MAX_CROSSED_LAYOUTS:
+        names = ", ".join(d.name for d in SETTINGS)
+        raise UserError(
+            f"space: {len(idx):,} structures pass the layout rules, times {per_structure:,} "
+            f"settings ({names}) makes {crossed:,} layouts, more than the "
+            f"{MAX_CROSSED_LAYOUTS:,} one search crosses; give fewer values"
+        )
     grid = _grid(idx.astype(float), *setting_axes)
     rows = grid[0].astype(int)
     cols: dict[str, np.ndarray] = {name: values[rows] for name, values in structure.items()}
@@ -197,6 +208,19 @@ def _structure_policies(
             (cp > 1) & (seq_len / cp < space.min_tokens_per_cp_rank),
         ),
     ]
+
+
+def _split_widths(s: dict[str, np.ndarray], model: ModelSpec) -> list[tuple[str, np.ndarray]]:
+    """Tensor parallelism splits each MLP's width in equal shares: Megatron-LM asserts it
+    (ffn_hidden_size divisible by tp, expert widths by etp) and torch's sharded matmuls
+    cannot run unequal shares, so no framework, the bundled trainer included, runs the rest."""
+    bad = np.zeros(len(s["tp"]), bool)
+    dense_mlp = not model.is_moe or model.dense_layers > 0
+    if dense_mlp:
+        bad |= model.ffn % s["tp"] != 0
+    if model.is_moe:
+        bad |= model.expert_ffn % s["etp"] != 0
+    return [("tp does not divide the MLP width", bad)]
 
 
 def _setting_policies(

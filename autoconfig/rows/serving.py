@@ -23,6 +23,7 @@ from autoconfig.cost.inference import ServeInputs
 from autoconfig.rows.training import (
     PLACEHOLDER_MODEL,
     Errors,
+    add_row_errors,
     fill_from_catalog,
     flag,
     integers,
@@ -69,6 +70,7 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
             raise UserError(f"runs: missing required column '{col}'")
     df = fill_from_catalog(df.reset_index(drop=True))
     err = Errors(df.index)
+    add_row_errors(df, err)  # a row with more cells than the header (fileio.csv_rows)
     serving = integers(
         df,
         err,

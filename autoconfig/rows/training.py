@@ -9,20 +9,31 @@ while the other rows go on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from autoconfig.base import checks
+from autoconfig.base import checks, fileio
 from autoconfig.base.errors import UserError, pydantic_message
 from autoconfig.columns import frameworks
 from autoconfig.columns.build import Behaviour, Hardware, training_inputs
 from autoconfig.cost.inputs import CostInputs, busiest_rank_layers
 from autoconfig.spec import catalog, layout
 from autoconfig.spec.schema import FrameworkSpec, GPUSpec, ModelSpec
-from autoconfig.spec.vocab import Framework, Mlp, Norm, Position, Precision, Recompute
+from autoconfig.spec.vocab import (
+    BOOLEAN_WORDS,
+    Framework,
+    Mlp,
+    Norm,
+    Position,
+    Precision,
+    Recompute,
+    boolean_or_none,
+)
 
 REQUIRED = ("layers", "hidden", "heads", "vocab", "seq_len", "gpu", "num_gpus", "tp", "pp", "gbs")
 POSITIVE_INTS = (
@@ -49,8 +60,6 @@ POSITIVE_INTS = (
     "max_seq_len",
 )
 NONNEG_INTS = ("num_experts", "topk", "shared_experts", "recompute_layers")
-YES = {"y", "yes", "true", "1", "t"}
-NO = {"n", "no", "false", "0", "f"}
 UNKNOWN = {"", "unknown", "nan", "none"}
 # Columns where "none" is a value a row states (no recompute, no position encoding), not a blank.
 NONE_IS_STATED = {"recompute", "position"}
@@ -114,16 +123,31 @@ class Errors:
         return (self.msg != "").to_numpy()
 
 
+def add_row_errors(df: pd.DataFrame, err: Errors) -> None:
+    """The errors the CSV reader found in whole rows (more cells than the header), each the
+    first error of its row (fileio.csv_rows; kept in attrs by index label)."""
+    found = df.attrs.get(fileio.ROW_ERRORS) or {}
+    messages = pd.Series(found, dtype=object).reindex(df.index)
+    err.add(messages.notna().to_numpy(), messages.fillna(""))
+
+
 def flag(df: pd.DataFrame, col: str, default: pd.Series | bool, err: Errors) -> pd.Series:
-    """A y/n column as 0/1 (blank/unknown -> default); other text is the row's error."""
-    raw = text_column(df, col)
+    """A yes-or-no column as 0/1 (blank/unknown -> default); other text is the row's error.
+    Cells read as --fix and YAML read them (vocab.boolean_or_none)."""
+    stated = stated_flags(df, col)
     value = pd.Series(
         np.broadcast_to(np.asarray(default, dtype=float), len(df)).copy(), index=df.index
     )
-    value[raw.isin(YES)] = 1.0
-    value[raw.isin(NO)] = 0.0
-    err.add(~(raw.isin(YES) | raw.isin(NO) | raw.isin(UNKNOWN)), f"{col}: must be y or n")
+    value[stated.notna()] = stated[stated.notna()].astype(float)
+    err.add(stated.isna() & ~text_column(df, col).isin(UNKNOWN), f"{col}: must be {BOOLEAN_WORDS}")
     return value
+
+
+def stated_flags(df: pd.DataFrame, col: str) -> pd.Series:
+    """A yes-or-no column's cells as True/False, None where a cell states neither (each
+    distinct text read once)."""
+    raw = text_column(df, col)
+    return raw.map({text: boolean_or_none(text) for text in raw.unique()}).astype(object)
 
 
 def integers(
@@ -132,28 +156,38 @@ def integers(
     required: tuple[str, ...] = REQUIRED,
     positive: tuple[str, ...] = POSITIVE_INTS,
 ) -> pd.DataFrame:
-    """Integer columns parsed (NaN where blank), with a message per bad cell."""
+    """Integer columns parsed (NaN where blank), with a message per bad cell. A cell reads as
+    the same text would in a flag, --fix or YAML: by checks.integer, its spellings, bounds and
+    message (each distinct text read once)."""
     num: dict[str, pd.Series] = {}
     for col in (*positive, *NONNEG_INTS):
         raw = df[col] if col in df else pd.Series([np.nan] * len(df), index=df.index)
         text = raw.astype(object).where(raw.notna(), "").map(lambda cell: str(cell).strip())
         blank = text.str.lower().isin(UNKNOWN)
-        value = pd.to_numeric(text.where(~blank, None), errors="coerce")
         if col in required:
             err.add(blank, f"{col}: required, must be a positive integer")
-        got = " (got " + text.map(checks.shown).astype(object) + ")"  # one line, however odd
-        err.add(
-            ~blank & (value.isna() | (value != np.round(value))), f"{col}: must be an integer" + got
-        )
         low = 0 if col in NONNEG_INTS else 1
-        err.add(~blank & (value < low), f"{col}: must be >= {low}" + got)
-        high = checks.MAX_COUNT  # the one bound on counts (autoconfig.base.checks)
-        err.add(~blank & (value > high), f"{col}: must be <= {high:,}" + got)
-        # A cell in error reads as blank: its row is in error already, and no later step
-        # meets an infinity or a number beyond int64 (casts to Int64 raise on those).
-        fine = ~blank & value.notna() & (value == np.round(value)) & value.between(low, high)
-        num[col] = value.where(fine)
+        read = partial(checks.integer, field=col, low=low)
+        # A cell in error reads as blank: its row is in error already.
+        num[col] = _read_cells(text[~blank], read, err).reindex(df.index)
     return pd.DataFrame(num, index=df.index)
+
+
+def _read_cells(text: pd.Series, read: Callable[[str], int], err: Errors) -> pd.Series:
+    """Each distinct cell of `text` read by `read` (the parser a flag, --fix or YAML uses for
+    the same value): the numbers, NaN where a cell is unreadable, whose reason (the parser's
+    one line) becomes the row's error."""
+    found: dict[str, tuple[float, str]] = {}
+    for cell in text.unique():
+        try:
+            found[cell] = float(read(cell)), ""
+        except UserError as exc:
+            found[cell] = np.nan, str(exc)
+    reasons = text.map({cell: why for cell, (_, why) in found.items()}).astype(object)
+    err.add(
+        (reasons != "").reindex(err.msg.index, fill_value=False), reasons.reindex(err.msg.index)
+    )
+    return text.map({cell: number for cell, (number, _) in found.items()}).astype(float)
 
 
 def model_columns_of(model: ModelSpec) -> dict[str, object]:
@@ -407,8 +441,7 @@ def read_behaviour(
             values[name] = flag(df, col, values[name], err).to_numpy()
     if "pipeline_ends_as_layers" in df:
         # A row that states its split keeps it, interleaved or not.
-        raw = text_column(df, "pipeline_ends_as_layers")
-        stated = (raw.isin(YES) | raw.isin(NO)).to_numpy()
+        stated = stated_flags(df, "pipeline_ends_as_layers").notna().to_numpy()
         keep = values["ends_split_to_interleave"]
         values["ends_split_to_interleave"] = np.where(stated, values["ends_split"], keep)
     return Behaviour(**values)
@@ -418,8 +451,9 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     for col in REQUIRED:
         if col not in df:
             raise UserError(f"runs: missing required column '{col}'")
-    df = fill_from_catalog(df)
     err = Errors(df.index)
+    add_row_errors(df, err)
+    df = fill_from_catalog(df)
     num = integers(df, err)
     models, arch = read_models(df, num, num["seq_len"], err)
     fws = read_frameworks(df, err)
@@ -434,8 +468,9 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     mbs = mbs.where(~((pp > 1) & (split > 0)), split)
     sp = flag(df, "sp", tp > 1, err)
     zero_text = text_column(df, "zero")
-    zero = pd.to_numeric(zero_text.where(~zero_text.isin(UNKNOWN), "1"), errors="coerce")
-    err.add(zero.isna() | ~zero.isin([0, 1, 2, 3]), "zero: must be 0, 1, 2 or 3")
+    zero_dim = layout.BY_NAME["zero"]
+    zero = _read_cells(zero_text[~zero_text.isin(UNKNOWN)], zero_dim.parse, err)
+    zero = zero.reindex(df.index).where(~zero_text.isin(UNKNOWN), float(zero_dim.default))
     recompute = text_column(df, "recompute").replace({"": "none", "unknown": "none"})
     err.add(~recompute.isin(Recompute.values()), f"recompute: must be {Recompute.allowed()}")
     precision = text_column(df, "precision").replace({"": "bf16"})

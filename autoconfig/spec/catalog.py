@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from autoconfig.base import checks, resources
 from autoconfig.base.errors import UserError, pydantic_message
 from autoconfig.spec.schema import (
+    MAX_LAYERS,
     ClusterSpec,
     FrameworkSpec,
     GPUSpec,
@@ -26,15 +27,53 @@ from autoconfig.spec.schema import (
 # libyaml's safe loader where PyYAML was built with it (about ten times faster on the catalog's
 # profiles, read at every start); the pure-Python one otherwise.
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# A profile or search space is a few kilobytes (the largest shipped one 8 KB); 1 MiB of YAML
+# parses in about half a second, where the 64 MiB a text input may hold would take a minute.
+MAX_YAML_BYTES = 2**20
+
+
+class DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping that gives one key twice (YAML itself would keep the last silently)."""
+
+    def __init__(self, key: object, first: yaml.Mark, again: yaml.Mark) -> None:
+        super().__init__(problem=f"duplicate key {key!r}", problem_mark=again)
+        self.key, self.first, self.again = key, first, again
+
+
+class UniqueKeyLoader(SAFE_LOADER):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing a mapping that gives a key twice."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[object, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges, not a key
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, str | int | float | bool) or key is None:
+                    continue  # unhashable or odd keys are refused by the spec that reads them
+                if key in seen:
+                    raise DuplicateKey(key, seen[key], key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
 
 
 def read_yaml(path: Traversable, what: str = "") -> dict:
-    """A YAML mapping from a file; one line naming the file (and line) when it is not one."""
+    """A YAML mapping from a file; one line naming the file (and line) when it is not one, or
+    when a mapping in it gives a key twice."""
     where = f"{what}: {path}" if what else str(path)
     # Files on disk through the one text-file check; packaged profiles are trusted text.
-    text = checks.text_file(path, what or "file") if isinstance(path, Path) else path.read_text()
+    if isinstance(path, Path):
+        text = checks.text_file(path, what or "file", max_bytes=MAX_YAML_BYTES)
+    else:
+        text = path.read_text()
     try:
-        data = yaml.load(text, Loader=SAFE_LOADER)
+        data = yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKey as exc:
+        raise UserError(
+            f"{where} line {exc.again.line + 1}: key {checks.shown(exc.key)} is given twice "
+            f"(first on line {exc.first.line + 1})"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
@@ -200,20 +239,12 @@ _HF_MAY_BE_ZERO = ("num_experts", "topk", "shared_experts")
 def model_from_hf_config(path: Path) -> ModelSpec:
     """A ModelSpec from a Hugging Face transformers config.json (or a model folder holding
     one). Every number is checked (checks.integer): an exact integer in range, not a bool."""
-    path = Path(path)
+    path = checks.path_name(path, "model")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"model: '{path}' is a folder without a config.json")
         path = path / "config.json"
-    text = checks.text_file(path, "model")
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"model: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})"
-        ) from None
-    except RecursionError:
-        raise UserError(f"model: '{path}' nests too deeply to be a config.json") from None
+    cfg = checks.json_text(checks.text_file(path, "model"), f"model: '{path}'")
     if not isinstance(cfg, dict):
         raise UserError(f"model: '{path}' must hold a JSON object")
     fields: dict[str, object] = {}
@@ -226,7 +257,8 @@ def model_from_hf_config(path: Path) -> ModelSpec:
                     fields[field] = min(value, checks.MAX_COUNT)
                 else:
                     low = 0 if field in _HF_MAY_BE_ZERO else 1
-                    fields[field] = checks.integer(cfg[key], where, low)
+                    high = MAX_LAYERS if field == "layers" else checks.MAX_COUNT
+                    fields[field] = checks.integer(cfg[key], where, low, high)
                 break
     for needed in ("layers", "hidden", "heads", "vocab"):
         if needed not in fields:

@@ -6,7 +6,8 @@ into these specs first; autoconfig.columns.build then builds the cost model's ar
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -18,10 +19,30 @@ from pydantic import (
     model_validator,
 )
 
+from autoconfig.base.checks import MAX_COUNT
 from autoconfig.base.errors import UserError
 from autoconfig.spec import layout
 from autoconfig.spec.layout import Layout
-from autoconfig.spec.vocab import Mlp, Norm, PipelineSplit, Position, Precision
+from autoconfig.spec.vocab import Mlp, Norm, PipelineSplit, Position, Precision, Recompute
+
+# Limits on what sizes work: a model, profile or search space past one is refused on load.
+# The deepest transformers trained have about a hundred layers (Megatron GPT 1T: 128) and
+# DeepNet (Wang et al. 2022) 1,000; per-layer work (stages, recompute counts) stays small.
+MAX_LAYERS = 1024
+# About 280 times the largest models trained (~2e12): every byte count of weights, gradients
+# and Adam states (at most 16 bytes a parameter) stays an exact integer in float64 (2^53).
+MAX_PARAMETERS = 2**49
+# Values one search-space list may hold: the default's longest (pp) holds 36, and every list
+# multiplies the layouts the search walks.
+MAX_SPACE_VALUES = 128
+# Combinations of the structural lists (tp, pp, vp, cp, ep, etp; 48,384 by default) and of
+# the setting lists (mbs, sp, recompute with its full_layers fractions, zero; 480 by default)
+# a search may enumerate: a structure grid of 2^21 rows is a few seconds and a few hundred MB.
+MAX_SPACE_STRUCTURES = 2**21
+MAX_SPACE_SETTINGS = 2**14
+# A datasheet figure of a GPU (TFLOP/s, GiB, TB/s, GB/s, watts): positive and finite, below a
+# bound no chip approaches.
+Datasheet = Annotated[float, Field(gt=0, le=1e9)]
 
 
 class _Spec(BaseModel):
@@ -45,22 +66,26 @@ class MLASpec(_Spec):
     """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; DeepSeek-AI 2024, "DeepSeek-V2",
     Sec. 2.1): queries and keys/values pass through low-rank latents; K/V cache the latent."""
 
-    q_lora_rank: int = Field(default=0, ge=0, description="query latent width (0: no query latent)")
-    kv_lora_rank: int = Field(gt=0, description="key/value latent width")
-    rope_head_dim: int = Field(gt=0, description="decoupled rotary part of each q/k head")
-    v_head_dim: int = Field(gt=0, description="value width per head")
+    q_lora_rank: int = Field(
+        default=0, ge=0, le=MAX_COUNT, description="query latent width (0: no query latent)"
+    )
+    kv_lora_rank: int = Field(gt=0, le=MAX_COUNT, description="key/value latent width")
+    rope_head_dim: int = Field(
+        gt=0, le=MAX_COUNT, description="decoupled rotary part of each q/k head"
+    )
+    v_head_dim: int = Field(gt=0, le=MAX_COUNT, description="value width per head")
 
 
 class MambaSpec(_Spec):
     """Mamba-2 mixer blocks of a hybrid model (Dao and Gu 2024, "Transformers are SSMs";
     NVIDIA Nemotron-H): blocks without attention whose state-space scan is linear in length."""
 
-    layers: int = Field(gt=0, description="Mamba-2 blocks among the model's layers")
-    heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    state: int = Field(gt=0, description="SSM state size per group")
-    groups: int = Field(default=1, gt=0)
-    conv_kernel: int = Field(default=4, gt=0)
+    layers: int = Field(gt=0, le=MAX_COUNT, description="Mamba-2 blocks among the model's layers")
+    heads: int = Field(gt=0, le=MAX_COUNT)
+    head_dim: int = Field(gt=0, le=MAX_COUNT)
+    state: int = Field(gt=0, le=MAX_COUNT, description="SSM state size per group")
+    groups: int = Field(default=1, gt=0, le=MAX_COUNT)
+    conv_kernel: int = Field(default=4, gt=0, le=MAX_COUNT)
 
     @property
     def inner(self) -> int:
@@ -73,52 +98,89 @@ class ModelSpec(_Spec):
     multi-token prediction are declared by the fields below."""
 
     name: str = "custom"
-    layers: int = Field(gt=0, description="number of transformer layers")
-    hidden: int = Field(gt=0, description="model width h")
-    heads: int = Field(gt=0, description="attention (query) heads")
-    kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA); = heads")
-    head_dim: int | None = Field(default=None, gt=0, description="per-head width; = hidden/heads")
-    ffn_hidden: int | None = Field(default=None, gt=0, description="MLP width; = 4*hidden")
-    vocab: int = Field(gt=0, description="vocabulary size")
-    seq_len: int = Field(default=2048, gt=0, description="default training sequence length")
-    max_seq_len: int | None = Field(default=None, gt=0, description="context limit of the model")
+    layers: int = Field(gt=0, le=MAX_LAYERS, description="number of transformer layers")
+    hidden: int = Field(gt=0, le=MAX_COUNT, description="model width h")
+    heads: int = Field(gt=0, le=MAX_COUNT, description="attention (query) heads")
+    kv_heads: int | None = Field(
+        default=None, gt=0, le=MAX_COUNT, description="key/value heads (GQA); = heads"
+    )
+    head_dim: int | None = Field(
+        default=None, gt=0, le=MAX_COUNT, description="per-head width; = hidden/heads"
+    )
+    ffn_hidden: int | None = Field(
+        default=None, gt=0, le=MAX_COUNT, description="MLP width; = 4*hidden"
+    )
+    vocab: int = Field(gt=0, le=MAX_COUNT, description="vocabulary size")
+    seq_len: int = Field(
+        default=2048, gt=0, le=MAX_COUNT, description="default training sequence length"
+    )
+    max_seq_len: int | None = Field(
+        default=None, gt=0, le=MAX_COUNT, description="context limit of the model"
+    )
     tied_embeddings: bool = False
     norm: Norm = Norm.LAYERNORM
     mlp: Mlp = Mlp.GELU
     position: Position = Position.LEARNED
     dropout: bool = Field(default=False, description="dropout layers present during training")
     num_experts: int = Field(
-        default=0, ge=0, description="routed experts per MoE layer (0 = dense)"
+        default=0, ge=0, le=MAX_COUNT, description="routed experts per MoE layer (0 = dense)"
     )
-    topk: int = Field(default=0, ge=0, description="experts each token is routed to")
-    moe_ffn_hidden: int | None = Field(default=None, gt=0, description="width of one expert MLP")
-    shared_experts: int = Field(default=0, ge=0, description="always-on experts per MoE layer")
+    topk: int = Field(default=0, ge=0, le=MAX_COUNT, description="experts each token is routed to")
+    moe_ffn_hidden: int | None = Field(
+        default=None, gt=0, le=MAX_COUNT, description="width of one expert MLP"
+    )
+    shared_experts: int = Field(
+        default=0, ge=0, le=MAX_COUNT, description="always-on experts per MoE layer"
+    )
     shared_expert_ffn: int | None = Field(
-        default=None, gt=0, description="width of all shared experts together; = shared*expert"
+        default=None,
+        gt=0,
+        le=MAX_COUNT,
+        description="width of all shared experts together; = shared*expert",
     )
     dense_layers: int = Field(
-        default=0, ge=0, description="MoE models: leading layers with a dense MLP (ffn_hidden)"
+        default=0,
+        ge=0,
+        le=MAX_COUNT,
+        description="MoE models: leading layers with a dense MLP (ffn_hidden)",
     )
     moe_every: int = Field(
-        default=1, gt=0, description="MoE models: every n-th layer after the dense ones is MoE"
+        default=1,
+        gt=0,
+        le=MAX_COUNT,
+        description="MoE models: every n-th layer after the dense ones is MoE",
     )
     mla: MLASpec | None = Field(default=None, description="multi-head latent attention")
-    sliding_window: int | None = Field(default=None, gt=0, description="local attention span")
+    sliding_window: int | None = Field(
+        default=None, gt=0, le=MAX_COUNT, description="local attention span"
+    )
     sliding_window_layers: int = Field(
-        default=0, ge=0, description="layers attending only within the sliding window"
+        default=0, ge=0, le=MAX_COUNT, description="layers attending only within the sliding window"
     )
     attention_layers: int | None = Field(
-        default=None, ge=0, description="hybrid models: layers with attention; = layers"
+        default=None,
+        ge=0,
+        le=MAX_COUNT,
+        description="hybrid models: layers with attention; = layers",
     )
     mlp_layers: int | None = Field(
-        default=None, ge=0, description="hybrid models: layers with an MLP or MoE; = layers"
+        default=None,
+        ge=0,
+        le=MAX_COUNT,
+        description="hybrid models: layers with an MLP or MoE; = layers",
     )
     mamba: MambaSpec | None = Field(default=None, description="hybrid models: Mamba-2 blocks")
     mtp_layers: int = Field(
-        default=0, ge=0, description="multi-token-prediction blocks after the last layer"
+        default=0,
+        ge=0,
+        le=MAX_COUNT,
+        description="multi-token-prediction blocks after the last layer",
     )
     moe_latent: int | None = Field(
-        default=None, gt=0, description="LatentMoE: width tokens are projected to for the experts"
+        default=None,
+        gt=0,
+        le=MAX_COUNT,
+        description="LatentMoE: width tokens are projected to for the experts",
     )
     source: str = Field(default="", description="where the architecture figures come from")
     aliases: tuple[str, ...] = Field(default=(), description="other names the catalog accepts")
@@ -132,6 +194,30 @@ class ModelSpec(_Spec):
             raise UserError(f"heads: {self.heads} must divide hidden ({self.hidden})")
         if self.num_experts and not (0 < self.topk <= self.num_experts):
             raise UserError(f"topk: must be in 1..num_experts ({self.num_experts}) for MoE")
+        # Rotary embeddings turn each head's channels in pairs: an odd width has no rotary
+        # form, and no trainer (the bundled one included) builds it.
+        if self.position == Position.ROPE and self.dhead % 2:
+            if self.head_dim is not None:
+                raise UserError(
+                    f"head_dim: rotary positions need an even head width (got {self.dhead})"
+                )
+            raise UserError(
+                f"heads: hidden {self.hidden} / heads {self.heads} = {self.dhead}, an odd head "
+                "width; rotary positions need an even one"
+            )
+        if self.mla is not None and self.mla.rope_head_dim % 2:
+            raise UserError(
+                f"mla.rope_head_dim: rotary positions need an even width, not "
+                f"{self.mla.rope_head_dim}"
+            )
+        if self.mamba is not None and self.mamba.layers > self.layers:
+            raise UserError(f"mamba.layers: {self.mamba.layers} exceeds layers ({self.layers})")
+        parameters = self.param_count()
+        if parameters > MAX_PARAMETERS:
+            raise UserError(
+                f"layers: {self.layers} layers of width {self.hidden} make {parameters:.3g} "
+                f"parameters, more than the {MAX_PARAMETERS:.3g} a model may have"
+            )
         return self
 
     # Derived sizes, resolved once so nothing downstream repeats the defaults.
@@ -301,14 +387,15 @@ class ClusterSpec(_Spec):
     """How GPUs are wired: node size and per-GPU link bandwidths (one direction)."""
 
     name: str = "default"
-    gpus_per_node: int = Field(default=8, gt=0)
+    gpus_per_node: int = Field(default=8, gt=0, le=MAX_COUNT)
     nvlink_domain: int | None = Field(
         default=None,
         gt=0,
+        le=MAX_COUNT,
         description="GPUs one NVLink fabric joins (72 in an NVL72 rack); = gpus_per_node",
     )
-    intra_node_gb_s: float = Field(gt=0, description="NVLink GB/s per GPU, one direction")
-    inter_node_gb_s: float = Field(gt=0, description="network GB/s per GPU, one direction")
+    intra_node_gb_s: Datasheet = Field(description="NVLink GB/s per GPU, one direction")
+    inter_node_gb_s: Datasheet = Field(description="network GB/s per GPU, one direction")
 
     @property
     def domain(self) -> int:
@@ -348,12 +435,13 @@ class GPUSpec(_Spec):
 
     name: str
     chip: str = Field(description="silicon family sharing efficiency constants (a100, h100, ...)")
-    peak_tflops: dict[str, float] = Field(description="dense peak TFLOP/s by precision")
-    memory_gib: float = Field(gt=0, description="usable HBM, GiB")
-    memory_tb_s: float = Field(gt=0, description="HBM bandwidth, TB/s")
+    peak_tflops: dict[str, Datasheet] = Field(description="dense peak TFLOP/s by precision")
+    memory_gib: Datasheet = Field(description="usable HBM, GiB")
+    memory_tb_s: Datasheet = Field(description="HBM bandwidth, TB/s")
     sms: int = Field(
         default=0,
         ge=0,
+        le=MAX_COUNT,
         description="streaming multiprocessors: a GEMM's output tiles run in waves of this "
         "many (0: waves not modelled, as on a CPU)",
     )
@@ -362,7 +450,7 @@ class GPUSpec(_Spec):
         default=None, description="serving-engine constants (carried over from a fitted chip)"
     )
     cluster: ClusterSpec
-    tdp_w: float | None = Field(default=None, gt=0, description="board power, watts")
+    tdp_w: Datasheet | None = Field(default=None, description="board power, watts")
     source: str = ""
     measured_efficiency: dict[str, MeasuredRange] = Field(
         default_factory=dict,
@@ -651,6 +739,7 @@ class SpaceOptions(_Spec):
     full_layers: list[float] = Field(
         default=[1.0],
         min_length=1,
+        max_length=MAX_SPACE_VALUES,
         description="with recompute full: fractions of each stage's layers recomputed",
     )
 
@@ -666,6 +755,11 @@ class SpaceOptions(_Spec):
                 values = out[d.name]
                 if not isinstance(values, list) or not values:
                     raise UserError(f"{d.name}: must be a non-empty list")
+                if len(values) > MAX_SPACE_VALUES:  # before parsing each of them
+                    raise UserError(
+                        f"{d.name}: {len(values):,} values, more than the {MAX_SPACE_VALUES} "
+                        "a search-space list may hold"
+                    )
                 parsed = list(dict.fromkeys(d.parse(v) for v in values))
                 # Numbers in ascending order; choices in the order given (the tie order).
                 out[d.name] = sorted(parsed) if d.type in (int,) else parsed
@@ -677,6 +771,28 @@ class SpaceOptions(_Spec):
         if any(not 0 < x <= 1 for x in v):
             raise ValueError("values must be fractions in (0, 1]")
         return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _bounded(self) -> SpaceOptions:
+        """The lists cross to at most MAX_SPACE_STRUCTURES structures and MAX_SPACE_SETTINGS
+        settings, checked before the search enumerates any of them."""
+        lists = {d.name: getattr(self, d.name) for d in layout.SEARCHED if hasattr(self, d.name)}
+        if not lists:  # the options alone, without the dimensions' lists
+            return self
+        sizes = {name: len(values) for name, values in lists.items()}
+        if Recompute.FULL in lists.get("recompute", []):  # full once per fraction
+            sizes["recompute"] += len(self.full_layers) - 1
+        for structural, limit in ((True, MAX_SPACE_STRUCTURES), (False, MAX_SPACE_SETTINGS)):
+            names = [d.name for d in layout.SEARCHED if d.structural is structural]
+            crossed = math.prod(sizes.get(n, 1) for n in names)
+            if crossed > limit:
+                longest = max(names, key=lambda n: sizes.get(n, 1))
+                raise UserError(
+                    f"{longest}: the lists {', '.join(names)} cross to {crossed:,} "
+                    f"combinations ({longest} holds {sizes[longest]}), more than the "
+                    f"{limit:,} one search enumerates"
+                )
+        return self
 
 
 SearchSpace = create_model(  # type: ignore[call-overload]

@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 
 from autoconfig.base.errors import UserError
-from autoconfig.trainer.config import load_config
-from autoconfig.trainer.metrics import EXIT_BAD_INPUT
-from autoconfig.trainer.run import train
+from autoconfig.trainer.metrics import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +15,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="TrainConfig JSON")
     parser.add_argument("--out", required=True, type=Path, help="run folder")
     args = parser.parse_args(argv)
+    # torch takes seconds to import: here, a Ctrl-C in those seconds ends the rank quietly
+    from autoconfig.trainer.config import load_config
+    from autoconfig.trainer.run import train
+
     try:
         cfg = load_config(args.config)
     except UserError as exc:
@@ -26,4 +28,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # before the rank's own handling began: no result, no traceback
+        code = EXIT_INTERRUPTED
+    sys.exit(code)

@@ -42,8 +42,11 @@ def gpu_profile(cfg: TrainConfig, device_names: list[str], device_type: str) -> 
     return None
 
 
-def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunMetrics:
-    """metrics.json from the ranks' rank{r}.json files (missing ranks count as crashed)."""
+def assemble(
+    cfg: TrainConfig, out: Path, world: int, failure: str = "", interrupted: bool = False
+) -> RunMetrics:
+    """metrics.json from the ranks' rank{r}.json files (missing ranks count as crashed). A run
+    stopped by Ctrl-C (`interrupted`, or a rank that says so) keeps the steps it finished."""
     ranks = []
     for r in range(world):
         path = out / f"rank{r}.json"
@@ -51,10 +54,14 @@ def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunM
     statuses = [r["status"] if r else "error" for r in ranks]
     if "oom" in statuses:
         status = "oom"
+    elif interrupted or "interrupted" in statuses:
+        status = "interrupted"
     elif all(s == "ok" for s in statuses) and not failure:
         status = "ok"
     else:
         status = "error"
+    if status == "interrupted":
+        return _interrupted(cfg, out, ranks)
     said = [f"rank {i}: {r['message']}" for i, r in enumerate(ranks) if r and r["message"]]
     # Ranks' own failures first, then the ranks that left nothing, then the peers that only
     # lost them: the message is cut at 2,000 characters, and the causes must survive the cut.
@@ -101,5 +108,30 @@ def assemble(cfg: TrainConfig, out: Path, world: int, failure: str = "") -> RunM
                 metrics.mfu = metrics.model_tflops_per_gpu / peak
         metrics.slice_layer = ranks[0].get("slice_layer")
         metrics.routing = ranks[0].get("routing")
+    write_json(out / "metrics.json", metrics.model_dump(mode="json"))
+    return metrics
+
+
+def _interrupted(cfg: TrainConfig, out: Path, ranks: list[dict | None]) -> RunMetrics:
+    """metrics.json of a run stopped by Ctrl-C: the steps every rank finished (their times
+    and losses, as rank 0 or the first rank with a result measured them), nothing else."""
+    said = [r for r in ranks if r and r.get("status") == "interrupted"]
+    finished = min((len(r.get("losses", [])) for r in said), default=0)
+    first = said[0] if said else {}
+    env = next((r.get("environment") for r in ranks if r), None)
+    metrics = RunMetrics(
+        status="interrupted",
+        message=f"interrupted after {finished} of {cfg.steps} steps",
+        config=cfg.model_dump(mode="json"),
+        environment=env,
+        step_times_s=first.get("step_times_s", [])[:finished],
+        losses=first.get("losses", [])[:finished],
+    )
+    if finished and cfg.task == "train":
+        metrics.median_step_time_s = median_after_warmup(metrics.step_times_s, cfg.warmup)
+        metrics.tokens_per_step = cfg.global_batch * cfg.seq()
+        metrics.tokens_per_s_per_gpu = (
+            metrics.tokens_per_step / metrics.median_step_time_s / len(ranks)
+        )
     write_json(out / "metrics.json", metrics.model_dump(mode="json"))
     return metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,9 @@ def run(
 
 def show(m: RunMetrics, out: Path) -> None:
     console = Console()
+    if m.status == "interrupted":  # Ctrl-C: one line, and where the finished steps are
+        print(f"interrupted: {m.message}; metrics: {out / 'metrics.json'}", file=sys.stderr)
+        return
     if m.status != "ok":
         console.print(f"[red]{m.status}[/red]: {escape(m.message)}")
         console.print(f"metrics: {out / 'metrics.json'}")
@@ -71,8 +75,8 @@ def show(m: RunMetrics, out: Path) -> None:
         ("median step time (s)", m.median_step_time_s, on_gpu.get("pred_step_time_s")),
         ("tokens/s/GPU", m.tokens_per_s_per_gpu, on_gpu.get("pred_tokens_per_s_per_gpu")),
         ("model TFLOP/s/GPU", m.model_tflops_per_gpu, on_gpu.get("pred_model_tflops_per_gpu")),
-        ("MFU", m.mfu, on_gpu.get("pred_mfu")),
-        ("peak allocated GB (max rank)", peak or None, on_gpu.get("pred_peak_mem_gib")),
+        ("MFU %", _percent(m.mfu), _percent(on_gpu.get("pred_mfu"))),  # a % in every table
+        ("peak allocated GiB (max rank)", peak or None, on_gpu.get("pred_peak_mem_gib")),
         (
             "saved activations / layer (MB)",
             max(r.saved_activation_bytes_per_layer for r in m.memory) / 1e6 if m.memory else None,
@@ -93,6 +97,10 @@ def show(m: RunMetrics, out: Path) -> None:
     if m.losses:
         console.print(f"loss {m.losses[0]:.4f} -> {m.losses[-1]:.4f} over {len(m.losses)} steps")
     console.print(f"metrics: {out / 'metrics.json'}")
+
+
+def _percent(fraction: float | None) -> float | None:
+    return None if fraction is None else 100.0 * fraction
 
 
 def _fmt(v: float | None) -> str:

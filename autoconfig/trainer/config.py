@@ -5,7 +5,6 @@ one line naming the field (`UserError`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -127,9 +126,13 @@ class TrainConfig(Layout):
             return data  # the unknown model is reported where the spec is built
         return {**data, "etp": data["tp"]} if spec.is_moe else data
 
+    def base_spec(self) -> ModelSpec:
+        """The model named, before the run's `layers` / `seq_len` overrides."""
+        return self.model if isinstance(self.model, ModelSpec) else catalog.get_model(self.model)
+
     def spec(self) -> ModelSpec:
         """The model as trained: the catalog spec with `layers` / `seq_len` overrides."""
-        base = self.model if isinstance(self.model, ModelSpec) else catalog.get_model(self.model)
+        base = self.base_spec()
         update: dict[str, object] = {}
         if self.layers is not None:
             update["layers"] = self.layers
@@ -192,8 +195,13 @@ class TrainConfig(Layout):
 
     def checked(self) -> TrainConfig:
         """Self, after every layout rule (raises UserError with one line)."""
+        named = self.base_spec()
+        if self.layers is not None and self.layers > named.layers:  # "keep only this many"
+            raise UserError(
+                f"layers: at most the {named.layers} layers {named.name} has (it keeps the "
+                f"first n; got {self.layers})"
+            )
         spec = self.spec()
-        tp = 1 if self.slice else self.tp
         dp = self.resolved_dp
         shared = layout.first_broken(
             {
@@ -210,6 +218,9 @@ class TrainConfig(Layout):
         if shared:  # what makes the layout impossible anywhere (autoconfig.spec.layout)
             raise UserError(shared)
         counted = self.interleaves_counting_ends(spec.layers)
+        width_split = self.etp if spec.is_moe else self.tp  # ranks sharing one MLP's width
+        # What only the bundled trainer refuses: the rules above (autoconfig.spec.layout) are
+        # not repeated here, since they have refused a layout before these run.
         rules = [
             (
                 self.world_size is not None
@@ -218,10 +229,10 @@ class TrainConfig(Layout):
                 f"world size: {self.world_size} processes but tp*pp*dp*cp = "
                 f"{self.tp}*{self.pp}*{dp}*{self.cp} = {self.tp * self.pp * dp * self.cp}",
             ),
-            (spec.heads % self.tp != 0, f"tp: {self.tp} does not divide heads ({spec.heads})"),
-            (  # a slice holds one rank's shapes: one replicated KV head when tp > kv_heads
-                spec.kv % self.tp != 0 and self.tp % spec.kv != 0 and not self.slice,
-                f"tp: {self.tp} must divide kv_heads ({spec.kv}) or be a multiple of them",
+            (  # torch's sharded matmuls split a width in equal shares only
+                not self.slice and (spec.expert_ffn if spec.is_moe else spec.ffn) % width_split,
+                f"tp: {width_split} does not divide the MLP width "
+                f"({spec.expert_ffn if spec.is_moe else spec.ffn})",
             ),
             (
                 self.pp * self.vp > spec.layers and not counted,
@@ -231,11 +242,6 @@ class TrainConfig(Layout):
                 spec.layers % (self.pp * self.vp) != 0 and not counted,
                 f"pp: pp*vp = {self.pp * self.vp} must divide the {spec.layers} layers (or, "
                 f"interleaved, {spec.layers} + 2 with the embedding and the head as layers)",
-            ),
-            (self.vp > 1 and self.pp == 1, "vp: virtual stages need pp > 1"),
-            (
-                self.global_batch % (dp * self.mbs) != 0,
-                f"gbs: {self.global_batch} is not divisible by dp*mbs = {dp * self.mbs}",
             ),
             (
                 self.pp > 1 and self.micro_batches < self.pp,
@@ -248,9 +254,8 @@ class TrainConfig(Layout):
                 f"divisible by pp ({self.pp})",
             ),
             (
-                self.sp and tp == 1,
-                "sp: sequence parallelism needs tp > 1"
-                + ("; a slice runs one device (use --no-sp)" if self.slice else ""),
+                self.sp and self.slice,
+                "sp: a slice runs one device, with no sequence to split; use --no-sp",
             ),
             (
                 self.sp and (self.seq(spec) // self.cp) % self.tp != 0,
@@ -337,11 +342,9 @@ class TrainConfig(Layout):
 
 
 def load_config(path: Path) -> TrainConfig:
-    """A TrainConfig from a JSON file (the measured search writes these)."""
-    try:
-        data = json.loads(checks.text_file(path, "config"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"config: {path} is not JSON (line {exc.lineno}: {exc.msg})") from None
+    """A TrainConfig from a JSON file (the measured search writes these); a key given twice is
+    refused (checks.json_text)."""
+    data = checks.json_text(checks.text_file(path, "config"), f"config: {path}")
     if not isinstance(data, dict):
         raise UserError(f"config: {path} must hold a JSON object of fields")
     return make_config(**data)

@@ -8,10 +8,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-Status = Literal["ok", "oom", "error"]
+Status = Literal["ok", "oom", "error", "interrupted"]
 
-# Exit codes of `autoconfig train` / `python -m autoconfig.trainer` (2 is bad input).
-EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM = 0, 1, 2, 3
+# Exit codes of `autoconfig train` / `python -m autoconfig.trainer` (2 is bad input; 130 is
+# a run stopped by Ctrl-C or SIGTERM, as a shell reports SIGINT: 128 + 2).
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 LOST = "wrote no result"  # how assemble.py names the ranks that left no result file
 # A rank that lost its peer says so; the peer's own message is the cause worth reporting.

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import signal
 import socket
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from autoconfig.trainer.generate import generate_rank
 from autoconfig.trainer.mesh import build_meshes
 from autoconfig.trainer.metrics import (
     EXIT_ERROR,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_OOM,
     Environment,
@@ -370,61 +373,127 @@ class LayerProbe:
         return total, (sum(layers) / len(layers) if layers else 0.0)
 
 
+class Interruption:
+    """SIGINT (Ctrl-C) and SIGTERM (a launcher passing a signal on) while a rank runs. The
+    first raises KeyboardInterrupt where the rank is, so it stops and writes the steps it
+    finished; later ones (Ctrl-C reaches every rank, and the launcher repeats it) and any after
+    disarm() are only noted, so the result file is written whole. Handlers are set only in the
+    main thread (Python's rule) and the previous ones come back on exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received = False
+        self.armed = True
+        self.previous: dict[signal.Signals, object] = {}
+
+    def __enter__(self) -> Interruption:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = True
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def disarm(self) -> None:
+        self.armed = False
+
+
 def train(cfg: TrainConfig, out: Path) -> int:
-    """Run this rank; returns the process exit code. Each rank writes rank{r}.json."""
+    """Run this rank; returns the process exit code. Each rank writes rank{r}.json; a rank
+    stopped by Ctrl-C or SIGTERM writes the steps it finished, as interrupted."""
     rank, world, local_rank = rank_env()
     result: dict = {"rank": rank, "status": "error", "message": ""}
+    done: dict[str, list[float]] = {"step_times_s": [], "losses": []}  # filled step by step
     started = False
+    with Interruption() as stop:
+        try:
+            try:
+                if cfg.world != world:
+                    raise UserError(
+                        f"world size: {world} processes but the layout needs tp*pp*dp*cp = "
+                        f"{cfg.world}"
+                    )
+                if world > 1:
+                    cuda = cfg.device != "cpu" and torch.cuda.is_available()
+                    dist.init_process_group(
+                        "nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.timeout_s)
+                    )
+                    started = True
+                if cfg.task == "generate":
+                    device = rank_device(cfg, local_rank)
+                    fault = _injected_fault(cfg, rank)
+                    result.update(generate_rank(cfg, rank, world, device, fault))
+                else:
+                    state = Rank(cfg, rank, world, local_rank)
+                    state.fault = _injected_fault(cfg, rank)
+                    result.update(train_loop(state, done))
+                result["status"] = "ok"
+                code = EXIT_OK
+            except Exception as exc:  # any rank failure is data for the run, never a hang
+                if stop.received:  # a peer that stopped first shows here as a lost connection
+                    raise KeyboardInterrupt from None
+                code = _failed(exc, result)
+        except KeyboardInterrupt:
+            stop.disarm()
+            finished = len(done["losses"])
+            message = f"interrupted after {finished} of {cfg.steps} steps"
+            result.update(status="interrupted", message=message, **done)
+            code = EXIT_INTERRUPTED
+        stop.disarm()  # from here on a signal must not cut the result file short
+        result["environment"] = environment(world).model_dump()
+        write_json(out / f"rank{rank}.json", result)
+        if started:
+            code = _finish(cfg, out, rank, world, code)
+    return code
+
+
+def _failed(exc: Exception, result: dict) -> int:
+    """The rank's result and exit code for a failure: oom, a refusal, or any other error."""
+    if is_oom(exc):
+        result.update(status="oom", message=str(exc).splitlines()[0][:500])
+        return EXIT_OOM
+    if isinstance(exc, UserError):
+        result.update(status="error", message=str(exc))
+        return EXIT_ERROR
+    tail = traceback.format_exc().strip().splitlines()[-3:]
+    result.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500], trace=tail)
+    return EXIT_ERROR
+
+
+def _finish(cfg: TrainConfig, out: Path, rank: int, world: int, code: int) -> int:
+    """After every rank wrote its result: rank 0 assembles metrics.json once all finished,
+    and the process group closes. A peer that stopped or failed breaks the barrier; its own
+    result says why, and the launcher assembles metrics.json from what the ranks left."""
     try:
-        if cfg.world != world:
-            raise UserError(
-                f"world size: {world} processes but the layout needs tp*pp*dp*cp = {cfg.world}"
-            )
-        if world > 1:
-            cuda = cfg.device != "cpu" and torch.cuda.is_available()
-            dist.init_process_group(
-                "nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.timeout_s)
-            )
-            started = True
-        if cfg.task == "generate":
-            device = rank_device(cfg, local_rank)
-            result.update(generate_rank(cfg, rank, world, device, _injected_fault(cfg, rank)))
-        else:
-            state = Rank(cfg, rank, world, local_rank)
-            state.fault = _injected_fault(cfg, rank)
-            result.update(train_loop(state))
-        result["status"] = "ok"
-        code = EXIT_OK
-    except Exception as exc:  # any rank failure is data for the run, never a hang
-        if is_oom(exc):
-            result.update(status="oom", message=str(exc).splitlines()[0][:500])
-            code = EXIT_OOM
-        elif isinstance(exc, UserError):
-            result.update(status="error", message=str(exc))
-            code = EXIT_ERROR
-        else:
-            tail = traceback.format_exc().strip().splitlines()[-3:]
-            result.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500], trace=tail)
-            code = EXIT_ERROR
-    result["environment"] = environment(world).model_dump()
-    write_json(out / f"rank{rank}.json", result)
-    if started:
         if code == EXIT_OK:
             dist.barrier()
             if rank == 0:
                 assemble(cfg, out, world)
         dist.destroy_process_group()
+    except Exception:
+        return EXIT_ERROR if code == EXIT_OK else code
     return code
 
 
-def train_loop(state: Rank) -> dict:
+def train_loop(state: Rank, done: dict[str, list[float]] | None = None) -> dict:
+    """Trains cfg.steps steps; each finished step's time and loss go to `done` as it ends (what
+    an interrupted rank still reports)."""
     cfg = state.cfg
     # The first chunk holding layers: an interleave counting the embedding and the head as
     # layers can leave the first chunk only the embedding.
     layered = [c for c in state.chunks if len(getattr(c, "module", c).layers)]
     probe = LayerProbe(state.counter, (layered or state.chunks)[0])
     state.counter.stack = []
-    times, losses, routed, dropped = [], [], [], []
+    done = {"step_times_s": [], "losses": []} if done is None else done
+    times, losses, routed, dropped = done["step_times_s"], done["losses"], [], []
     for step in range(cfg.steps):
         if state.device.type == "cuda":
             torch.cuda.synchronize()
@@ -441,8 +510,10 @@ def train_loop(state: Rank) -> dict:
             loss = state.step(step)
         if state.device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - begin)
-        losses.append(state.global_loss(loss))
+        took = time.perf_counter() - begin
+        loss = state.global_loss(loss)
+        times.append(took)  # a finished step: its time and its loss together
+        losses.append(loss)
         if state.spec.is_moe:
             counts = state.routing()
             routed.append(counts[0])
@@ -478,6 +549,8 @@ def _injected_fault(cfg: TrainConfig, rank: int) -> Callable[[], None] | None:
             gib = 2 * (cfg.memory_limit_gib or 32)
             torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
         if kind == "sleep":
+            # said on stderr, so a test knows when the rank hangs (and the step before ended)
+            print(f"rank {rank}: sleeping (injected fault '{spec}')", file=sys.stderr, flush=True)
             time.sleep(10**6)
         if kind == "abort":  # killed by a signal, as glibc's heap checks or the kernel end one
             os.abort()
