@@ -23,17 +23,21 @@ from autoconfig.cli.options import (
     MEASURE,
     SEED,
     SERVE,
+    checked,
+    claimed,
     measure_options,
     on_cpu,
     read_csv,
 )
 from autoconfig.report import files, serving, terminal
 from autoconfig.serve.result import ServingResult
+from autoconfig.serve.workload import DEFAULT_REQUESTS, MAX_REQUESTS, MIN_REQUESTS
 
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
 
 from autoconfig.report.serving_flags import launch_flags
+from autoconfig.spec.defaults import CPU_TRIAL_SERVING_PRECISION, PRECISION, gpu_for
 from autoconfig.spec.vocab import (
     Batching,
     Device,
@@ -45,16 +49,16 @@ from autoconfig.spec.vocab import (
     ServePrecision,
 )
 
+# Simulated requests: each is a column of the simulation's [deployments x requests] arrays.
+REQUESTS = checked(checks.integer, low=MIN_REQUESTS, high=MAX_REQUESTS)
+SHARE = checked(checks.number, high=1.0)  # a share in (0, 1]
+
 
 @app.command()
 def infer(
     ctx: typer.Context,
     model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
-    gpu: str = typer.Option(
-        None,
-        show_default=f"{defaults.GPU} (cpu-gloo for CPU trials)",
-        help="GPU profile name or YAML (see `autoconfig gpus`)",
-    ),
+    gpu: str = defaults.trial_gpu(),
     gpus: int = typer.Option(
         None, help="GPUs of the deployment (with --measure: the most ranks)", callback=COUNT
     ),
@@ -86,6 +90,7 @@ def infer(
         None,
         help="requests/s the deployment must take (default: find the most)",
         rich_help_panel=SERVE,
+        callback=AMOUNT,
     ),
     max_goodput: bool = typer.Option(
         False,
@@ -108,16 +113,25 @@ def infer(
         help="K/V-cache formats to try (repeatable; default: 16-bit, and fp8 where the GPU has it)",
     ),
     max_num_seqs: list[int] = typer.Option(
-        None, help="running-batch limits to try (repeatable; default 16..512)"
+        None, help="running-batch limits to try (repeatable; default 16..512)", callback=COUNT
     ),
     max_num_batched_tokens: list[int] = typer.Option(
-        None, help="tokens per iteration (chunked-prefill size) to try (default 2048, 8192)"
+        None,
+        help="tokens per iteration (chunked-prefill size) to try (default 2048, 8192)",
+        callback=COUNT,
     ),
     kv_cache_fraction: float = typer.Option(
-        0.9, help="share of the memory left after weights and activations given to K/V"
+        0.9,
+        help="share of the memory left after weights and activations given to K/V (0 < f <= 1)",
+        callback=SHARE,
     ),
     disaggregation: bool = typer.Option(True, help="try separate prefill and decode pools"),
-    requests: int = typer.Option(None, help="requests simulated per point (default 200)"),
+    requests: int = typer.Option(
+        None,
+        help=f"requests simulated per point (default {DEFAULT_REQUESTS}, "
+        f"{MIN_REQUESTS}..{MAX_REQUESTS:,})",
+        callback=REQUESTS,
+    ),
     emit: Engine = typer.Option(None, help="print the best deployment's launch flags"),
     max_batch: int = typer.Option(
         1024, help="static batching: largest batch tried", callback=COUNT
@@ -129,9 +143,11 @@ def infer(
         None, help="GPUs per node (default: the GPU's cluster)", callback=COUNT
     ),
     allow_tp_across_nodes: bool = typer.Option(False, help="let a TP group span nodes"),
-    top: int = typer.Option(15, help="rows to show", callback=COUNT0),
-    out: Path = typer.Option(
-        None, help="folder for results.csv, best.json, report.html (with --runs: a CSV file)"
+    top: int = typer.Option(15, help="rows to show", callback=COUNT),
+    out: str = typer.Option(
+        None,
+        parser=str,  # the text as typed: Path('') would read as '.', hiding an empty --out
+        help="folder for results.csv, best.json, report.html (with --runs: a CSV file)",
     ),
     runs: Path = typer.Option(None, help="CSV of serving points (inference_runs.csv columns)"),
     measure: bool = typer.Option(False, help="generate with the bundled model to measure"),
@@ -172,64 +188,72 @@ def infer(
     takes the most requests/s per GPU within TTFT / TPOT / latency limits at a percentile,
     from a scheduler simulation of the workload; with static batches, the most output
     tokens/s per GPU. --measure runs the best points with the bundled model."""
-    if out is not None:  # checked before any work: a file with --runs, else a folder
-        (checks.output_file if runs is not None else checks.output_folder)(out, "out")
+    if out == "":  # checked before any work
+        raise UserError("out: must not be empty (give a folder, or a file with --runs)")
+    if resume and not measure:
+        raise UserError("resume: --resume continues a measured study; it needs --measure")
     if runs is not None:
-        files.write_batch(api.infer_frame(read_csv(runs)), out)
+        target = checks.output_file(out, "out") if out is not None else None
+        files.write_batch(api.infer_frame(read_csv(runs)), target)
         return
+    folder = checks.output_folder(out, "out") if out is not None else None
     for name, value in (("model", model), ("gpus", gpus)):
         if value is None:
             raise UserError(f"{name}: required (or give --runs CSV)")
     if max_goodput and request_rate is not None:
         raise UserError("max-goodput: give either --max-goodput or --request-rate, not both")
     cpu = on_cpu(measure, device)
-    gpu = gpu or ("cpu-gloo" if cpu else defaults.GPU)
-    weights = tuple(p.value for p in precision) if precision else (("fp32",) if cpu else None)
+    gpu = gpu or gpu_for(trials_on_cpu=cpu)
+    cpu_weights = (CPU_TRIAL_SERVING_PRECISION.value,) if cpu else None
+    weights = tuple(p.value for p in precision) if precision else cpu_weights
     if batching is Batching.STATIC and weights is None:
-        weights = ("bf16",)
-    if measure and out is None:
+        weights = (PRECISION.value,)
+    if measure and folder is None:
         if resume:
             raise UserError("out: --resume needs the --out folder of the search to continue")
-        out = Path("runs") / time.strftime("infer-%Y%m%d-%H%M%S")
-    result = api.infer(
-        model,
-        gpu,
-        gpus,
-        input_len=input_len,
-        output_len=output_len,
-        max_ttft_ms=max_ttft_ms,
-        max_tpot_ms=max_tpot_ms,
-        max_latency_ms=max_latency_ms,
-        min_throughput=min_throughput,
-        objective=objective.value,
-        precision=weights,
-        kv_precision=tuple(k.value for k in kv_precision) if kv_precision else None,
-        max_batch=max_batch,
-        batches=tuple(batch) if batch else None,
-        gpus_per_node=gpus_per_node,
-        allow_tp_across_nodes=allow_tp_across_nodes,
-        batching=batching.value,
-        workload=workload,
-        request_rate=request_rate,
-        percentile=percentile,
-        max_num_seqs=tuple(max_num_seqs) if max_num_seqs else None,
-        max_num_batched_tokens=tuple(max_num_batched_tokens) if max_num_batched_tokens else None,
-        kv_cache_fraction=kv_cache_fraction,
-        disaggregation=disaggregation,
-        requests=requests,
-        seed=seed,
-    )
-    defaults.announce(ctx, {"gpu": gpu})  # after the search: a refusal stays one line
-    terminal.print_view(serving.terminal_view(result, top))
-    if emit is not None and result.best is not None:
-        print(launch_flags(result, emit))
-    if measure:
-        raise typer.Exit(_measure(result, model, gpu, measure_options(locals(), cpu)))
-    if out is not None:
-        serving.write(result, out)
-        print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
-    if not result.feasible:
-        sys.exit(1)
+        folder = Path("runs") / time.strftime("infer-%Y%m%d-%H%M%S")
+    out = folder  # measure_options(locals()) reads it
+    # One run at a time holds --out, as `search` does: a second is one line, exit code 2.
+    with claimed(out):
+        result = api.infer(
+            model,
+            gpus,
+            gpu,
+            input_len=input_len,
+            output_len=output_len,
+            max_ttft_ms=max_ttft_ms,
+            max_tpot_ms=max_tpot_ms,
+            max_latency_ms=max_latency_ms,
+            min_throughput=min_throughput,
+            objective=objective.value,
+            precision=weights,
+            kv_precision=tuple(k.value for k in kv_precision) if kv_precision else None,
+            max_batch=max_batch,
+            batches=tuple(batch) if batch else None,
+            gpus_per_node=gpus_per_node,
+            allow_tp_across_nodes=allow_tp_across_nodes,
+            batching=batching.value,
+            workload=workload,
+            request_rate=request_rate,
+            percentile=percentile,
+            max_num_seqs=tuple(max_num_seqs or ()) or None,
+            max_num_batched_tokens=tuple(max_num_batched_tokens or ()) or None,
+            kv_cache_fraction=kv_cache_fraction,
+            disaggregation=disaggregation,
+            requests=requests,
+            seed=seed,
+        )
+        defaults.announce(ctx, {"gpu": gpu})  # after the search: a refusal stays one line
+        terminal.print_view(serving.terminal_view(result, top))
+        if emit is not None and result.best is not None:
+            print(launch_flags(result, emit))
+        if measure:
+            raise typer.Exit(_measure(result, model, gpu, measure_options(locals(), cpu)))
+        if out is not None:
+            serving.write(result, out)
+            print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
+        if not result.feasible:
+            sys.exit(1)
 
 
 def _measure(result: ServingResult, model: str, gpu: str, opts: MeasureOptions) -> int:

@@ -14,14 +14,17 @@ each request off after its first token, or a decode instance whose requests arri
 prompt already cached.
 
 Because admission and prefill are first come first served, the admitted requests are a prefix
-of the trace and prefill progress is one counter of prompt tokens per row; only decode and
-finish bookkeeping touch the [N, R] arrays. Iteration time comes from cost/serving_step.py;
+of the trace and prefill progress is one counter of prompt tokens per row; decode and finish
+bookkeeping read only each row's requests in flight (from its oldest unfinished request to
+its prefill head), so a step costs the requests in flight, not the whole trace, and the
+simulation grows linearly with the requests. Iteration time comes from cost/serving_step.py;
 with pp stages an iteration is a round of pp micro-batches, each a pp-th of the batch.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,14 +101,17 @@ def simulate(
     trace: Trace,
     limits: Limits,
     stop: Stop | None = None,
-    max_steps: int = 100_000,
+    max_steps: int | None = None,
     jumps: bool = True,
 ) -> Simulated:
-    """Runs every row until its requests finish, it is stopped, or `max_steps` loop steps.
+    """Runs every row until its requests finish, it is stopped, or `max_steps` loop steps
+    (default: 100,000, or 20 per request for longer traces; a request takes about 5).
     A step is one iteration, or a run of identical iterations in which nothing arrives,
     finishes or completes its prompt (their time is exact: only the context and the prefill
     position grow, linearly); `jumps=False` steps them one by one (for checks)."""
     n, r = len(limits.rate), trace.requests
+    if max_steps is None:
+        max_steps = max(100_000, 20 * r)
     rows = np.arange(n)
     pp = np.asarray(step.pp, dtype=float)
     inp = trace.input_len.astype(float)
@@ -136,8 +142,12 @@ def simulate(
     last_iter = np.full((n, r), np.inf)  # the iteration that emits a request's last token
     first_time = np.full((n, r), np.inf)
     finish_time = np.full((n, r), np.inf)
+    # Requests before `low` have all finished: every per-request update and check below
+    # reads only the window [low, new_head) of each row, so a step costs the requests in
+    # flight, not the whole trace (which made the simulation quadratic in the requests).
+    low = np.zeros(n, dtype=np.int64)
+    settled = np.zeros(n)  # requests before `low` (after the warm-up) over a limit
     iteration = np.zeros(n)
-    index = np.arange(r)[None, :]
     static = limits.static > 0
     cached = limits.prompt_cached > 0
     budget = np.where(static, np.inf, limits.max_tokens * pp)
@@ -149,7 +159,9 @@ def simulate(
         if not active.any():
             break
         if stop is not None and loop % 16 == 15:
-            late = _violations(stop, arrival, first_time, finish_time, clock, out)
+            late = settled + _pending_violations(
+                stop, arrival, first_time, finish_time, clock, out, low, prefill_head, active
+            )
             quit_now = active & (late > stop.allowed)
             gave_up |= quit_now
             done = np.where(quit_now, r, done)
@@ -167,7 +179,7 @@ def simulate(
         if shared_need:
             fits = np.searchsorted(cum_need[0], reach, side="right") - 1 - head
         else:
-            fits = (cum_need <= reach[:, None]).sum(axis=1) - 1 - head
+            fits = _within(cum_need, reach) - 1 - head
         admit = np.maximum(np.minimum(np.minimum(arrived - head, room), fits), 0)
         admit = np.where(active, admit, 0).astype(np.int64)
         kv_used += cum_need[rows, head + admit] - cum_need[rows, head]
@@ -197,11 +209,15 @@ def simulate(
         now = np.where(
             busy, _round(step, pp, tokens, work_pairs, work_tokens, context, sequences), 0.0
         )
+        # The requests in flight: [low, new_head) of each row (idx clipped, `valid` marks them).
+        idx, valid = _window(low, np.where(active, new_head, low), r)
+        at = (rows[:, None], idx)
+        last_w = np.where(valid, last_iter[at], np.inf)
         # Runs of identical iterations (the same decodes and prefill chunk size; only the
         # context and the chunk's position in its prompt advance, both linearly) are jumped
         # whole up to the next finish, first token or (decode-only) arrival: their time is
         # exactly the mean of the first and last iteration's, times their count.
-        until_finish = last_iter.min(axis=1) - iteration
+        until_finish = last_w.min(axis=1) - iteration
         next_done = cum_prompt[np.minimum(prefill_head + 1, r)]
         until_prompt = np.where(
             chunk > 0, np.ceil((next_done - prefilled) / np.maximum(chunk, 1e-9)) - 1.0, np.inf
@@ -237,26 +253,52 @@ def simulate(
         step_now = busy & ~jump
 
         # Prompts that finished this iteration emit their first token; their last token
-        # comes out - 1 iterations later (at once for one-token outputs).
-        newly = (index >= prefill_head[:, None]) & (index < new_head[:, None]) & step_now[:, None]
-        first_time = np.where(newly, end[:, None], first_time)
-        last_iter = np.where(newly, iteration[:, None] + out - 1.0, last_iter)
-        finishing = (last_iter == iteration[:, None]) & step_now[:, None]
-        finish_time = np.where(finishing, end[:, None], finish_time)
-        last_iter = np.where(finishing, np.inf, last_iter)
-        joining = newly & ~finishing
-        leaving = finishing & ~newly  # decodes that emitted their last token
-        start_iter = iteration[:, None]
-        decodes += joining.sum(axis=1) - leaving.sum(axis=1)
-        decode_prompt += (joining * inp).sum(axis=1) - (leaving * inp).sum(axis=1)
+        # comes out - 1 iterations later (at once for one-token outputs). Only these and
+        # the finishing requests are touched, as (row, request) lists.
+        new_rows, new_reqs = _spans(rows, prefill_head, np.where(step_now, new_head, prefill_head))
+        first_time[new_rows, new_reqs] = end[new_rows]
+        new_last = iteration[new_rows] + out[new_rows, new_reqs] - 1.0
+        last_w[new_rows, new_reqs - low[new_rows]] = new_last
+        finishing = (last_w == iteration[:, None]) & step_now[:, None]
+        fin_rows, fin_cols = np.nonzero(finishing)
+        fin_reqs = idx[fin_rows, fin_cols]
+        last_iter[new_rows, new_reqs] = new_last
+        finish_time[fin_rows, fin_reqs] = end[fin_rows]
+        last_iter[fin_rows, fin_reqs] = np.inf
+        last_w[fin_rows, fin_cols] = np.inf
+        # Decodes that join (a first token but not their last) and leave (their last token
+        # after earlier ones); every sum is of whole numbers, exact in any order.
+        joins = new_last > iteration[new_rows]
+        leaves = fin_reqs < prefill_head[fin_rows]
+        j_rows, j_reqs = new_rows[joins], new_reqs[joins]
+        l_rows, l_reqs = fin_rows[leaves], fin_reqs[leaves]
+        decodes += np.bincount(j_rows, minlength=n) - np.bincount(l_rows, minlength=n)
+        decode_prompt += np.bincount(j_rows, inp[j_reqs], n) - np.bincount(l_rows, inp[l_reqs], n)
         # A leaving request's first token came out - 1 - (its decodes) iterations ago.
-        first_of_leaving = (leaving * (start_iter - out + 1.0)).sum(axis=1)
-        decode_first += (joining * start_iter).sum(axis=1) - first_of_leaving
-        count = finishing.sum(axis=1)
-        kv_used -= (finishing * need).sum(axis=1)
+        first_of_leaving = iteration[l_rows] - out[l_rows, l_reqs] + 1.0
+        decode_first += np.bincount(j_rows, iteration[j_rows], n) - np.bincount(
+            l_rows, first_of_leaving, n
+        )
+        count = np.bincount(fin_rows, minlength=n)
+        kv_used -= np.bincount(fin_rows, need[fin_rows, fin_reqs], n)
         finished += count
         done = np.where(done >= r, done, finished)
         batch_open = np.where(static & (finished >= head), 0.0, batch_open)
+        # The window's finished prefix leaves it (and, with a stop rule, is counted once).
+        if count.any():
+            reached = np.where(step_now, new_head, prefill_head)
+            pending = ~((last_w == np.inf) & (idx < reached[:, None]) & valid)
+            passed = np.where(pending.any(axis=1), pending.argmax(axis=1), pending.shape[1])
+            passed = np.where(count > 0, passed, 0)
+            if stop is not None and passed.any():
+                k = int(passed.max())
+                part = (rows[:, None], idx[:, :k])
+                gone = (np.arange(k)[None, :] < passed[:, None]) & (idx[:, :k] >= stop.skip)
+                late = _late(
+                    stop, arrival[part], first_time[part], finish_time[part], end, out[part]
+                )
+                settled += (gone & late).sum(axis=1)
+            low = low + passed
 
         prefilled = np.where(
             step_now, new_prefilled, np.where(jump, prefilled + runs * chunk, prefilled)
@@ -283,22 +325,83 @@ def simulate(
     )
 
 
-def _violations(
+def _window(low: np.ndarray, end: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row the request indices low..end-1, as [N, W] (W the widest row's span, indices
+    clipped into the trace) and which of them are in the row's span."""
+    width = max(int((end - low).max(initial=0)), 1)
+    idx = low[:, None] + np.arange(width)[None, :]
+    valid = idx < end[:, None]
+    return np.minimum(idx, r - 1), valid
+
+
+def _spans(rows: np.ndarray, start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, request) of every request in start..stop-1 of each row."""
+    counts = np.maximum(stop - start, 0)
+    which = np.repeat(rows, counts)
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return which, start[which] + offsets
+
+
+def _leading(holds: Callable[[np.ndarray], np.ndarray], n: int, size: int) -> np.ndarray:
+    """Per row, how many of the indices 0..size-1 pass `holds` (a test of one index per row)
+    when those that pass are a prefix: a bisection, log2(size) tests of N cells each."""
+    lo = np.zeros(n, dtype=np.int64)
+    hi = np.full(n, size, dtype=np.int64)
+    while (open_ := lo < hi).any():
+        mid = (lo + hi) // 2
+        ok = holds(np.minimum(mid, size - 1))
+        lo = np.where(open_ & ok, mid + 1, lo)
+        hi = np.where(open_ & ~ok, mid, hi)
+    return lo
+
+
+def _within(cum_need: np.ndarray, reach: Col) -> np.ndarray:
+    """Per row, how many of its cumulative K/V needs (each row grows) are within `reach`."""
+    n = len(reach)
+    rows = np.arange(n)
+    return _leading(lambda i: cum_need[rows, i] <= reach, n, cum_need.shape[1])
+
+
+def _late(
     stop: Stop,
     arrival: np.ndarray,
     first_time: np.ndarray,
     finish_time: np.ndarray,
     clock: Col,
     out: np.ndarray,
-) -> Col:
-    """Requests (after the warm-up) already known to miss: no first token within the limit
-    (out or not), or finished slower than the per-token limit."""
+) -> np.ndarray:
+    """Requests already known to miss: no first token within the limit (out or not), or
+    finished slower than the per-token limit."""
     waited = np.where(np.isfinite(first_time), first_time, clock[:, None]) - arrival
     slow_first = waited > stop.ttft_s[:, None]
     with np.errstate(all="ignore"):
         per_token = (finish_time - first_time) / np.maximum(out - 1.0, 1.0)
     slow_tokens = np.isfinite(finish_time) & (out > 1) & (per_token > stop.tpot_s[:, None])
-    return (slow_first | slow_tokens)[:, stop.skip :].sum(axis=1)
+    return slow_first | slow_tokens
+
+
+def _pending_violations(
+    stop: Stop,
+    arrival: np.ndarray,
+    first_time: np.ndarray,
+    finish_time: np.ndarray,
+    clock: Col,
+    out: np.ndarray,
+    low: np.ndarray,
+    prefill_head: np.ndarray,
+    active: np.ndarray,
+) -> Col:
+    """Requests from `low` on (after the warm-up) already known to miss: those with a first
+    token, read one by one, and those still waiting for it, a prefix of the rest (arrival
+    times grow along the trace, so the longest waits come first)."""
+    n, r = arrival.shape
+    rows = np.arange(n)
+    idx, valid = _window(low, np.where(active, prefill_head, low), r)
+    at = (rows[:, None], idx)
+    late = _late(stop, arrival[at], first_time[at], finish_time[at], clock, out[at])
+    seen = (late & valid & (idx >= stop.skip)).sum(axis=1)
+    overdue = _leading(lambda i: clock - arrival[rows, i] > stop.ttft_s, n, r)
+    return seen + np.maximum(overdue - np.maximum(prefill_head, stop.skip), 0)
 
 
 def _round(

@@ -123,7 +123,7 @@ def build_continuous(
                 "key": layout.key(params),
                 "label": (
                     f"tp{params['tp']} pp{params['pp']} seqs {params['mbs']} tokens "
-                    f"{int(r['max_num_batched_tokens'])} at {rate:.2f} req/s"
+                    f"{int(r['max_num_batched_tokens'])} at {rate:.2f} req/s per replica"
                 ),
                 "pred_tokens_per_s_per_gpu": float(r["pred_output_tokens_per_s_per_gpu"]),
                 "pred_step_time_s": float(r["pred_latency_ms"]) / 1e3,

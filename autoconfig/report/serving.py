@@ -62,15 +62,15 @@ def row_cells(row: pd.Series, percentile: float | None = None) -> dict[str, str]
         "tp": str(int(row["tp"])),
         "pp": str(int(row["pp"])),
         "replicas": str(int(row["replicas"])),
-        "batch": str(int(row["batch_size"])),
+        "batch seqs per replica": str(int(row["batch_size"])),
         "precision": f"{row['precision']}/{row['kv_precision']}",
         "TTFT ms": f"{row['pred_ttft_ms']:,.0f}",
         "TPOT ms": f"{row['pred_tpot_ms']:,.1f}",
         "latency ms": f"{row['pred_latency_ms']:,.0f}",
         "tok/s/GPU": f"{row['pred_output_tokens_per_s_per_gpu']:,.1f}",
         "tok/s total": f"{row['pred_output_tokens_per_s']:,.0f}",
-        "KV GiB": f"{row['mem_kv_cache_gib']:.1f}",
-        "headroom GiB": f"{row['kv_headroom_gib']:.1f}",
+        "KV GiB/GPU": f"{row['mem_kv_cache_gib']:.1f}",
+        "headroom GiB/GPU": f"{row['kv_headroom_gib']:.1f}",
         "Pareto": "*" if row["pareto"] else "",
     }
 
@@ -95,18 +95,18 @@ def continuous_cells(row: pd.Series, percentile: float) -> dict[str, str]:
         "#": "-" if pd.isna(rank) else str(rank),
         "deployment": layout,
         "precision": f"{row['precision']}/{row['kv_precision']}",
-        "seqs": str(int(row["max_num_seqs"])),
-        "tokens": str(int(row["max_num_batched_tokens"])),
-        "goodput req/s": f"{row['goodput_rps']:,.2f}",
-        "req/s/GPU": f"{row['goodput_rps_per_gpu']:,.3f}",
-        "at req/s": "-" if pd.isna(row["rate_rps"]) else f"{row['rate_rps']:,.2f}",
-        f"TTFT {p}": ms(row.get(f"ttft_{p}_ms")),
-        f"TPOT {p}": "-" if pd.isna(row.get(f"tpot_{p}_ms")) else f"{row[f'tpot_{p}_ms']:,.1f}",
-        f"latency {p}": ms(row.get(f"latency_{p}_ms")),
+        "max seqs per replica": str(int(row["max_num_seqs"])),
+        "max tokens per iteration": str(int(row["max_num_batched_tokens"])),
+        "goodput req/s total": f"{row['goodput_rps']:,.2f}",
+        "goodput req/s/GPU": f"{row['goodput_rps_per_gpu']:,.3f}",
+        "at req/s total": "-" if pd.isna(row["rate_rps"]) else f"{row['rate_rps']:,.2f}",
+        f"TTFT {p} ms": ms(row.get(f"ttft_{p}_ms")),
+        f"TPOT {p} ms": "-" if pd.isna(row.get(f"tpot_{p}_ms")) else f"{row[f'tpot_{p}_ms']:,.1f}",
+        f"latency {p} ms": ms(row.get(f"latency_{p}_ms")),
         "tok/s/GPU": "-"
         if pd.isna(row["pred_output_tokens_per_s_per_gpu"])
         else f"{row['pred_output_tokens_per_s_per_gpu']:,.0f}",
-        "KV GiB": f"{row['kv_cache_gib']:.1f}",
+        "KV GiB/GPU": f"{row['kv_cache_gib']:.1f}",
     }
 
 
@@ -114,11 +114,21 @@ def _percentile(result: ServingResult) -> float | None:
     return result.request.percentile if result.request.batching == "continuous" else None
 
 
+def limits_text(budget: dict[str, float], none: str) -> str:
+    """The limits asked for, each with its unit: the latencies in ms, the throughput in output
+    tokens/s of the whole deployment."""
+    parts = [
+        f"{k} {v:g} tokens/s total" if k == "throughput" else f"{k} {v:g} ms"
+        for k, v in budget.items()
+    ]
+    return ", ".join(parts) or none
+
+
 def _title(a: dict) -> str:
     if a.get("batching") == "continuous":
-        budget = ", ".join(f"{k} {v:g} ms" for k, v in a["budget"].items()) or "no limits"
+        budget = limits_text(a["budget"], "no limits")
         rate = (
-            f"at {a['request_rate']:g} requests/s"
+            f"at {a['request_rate']:g} requests/s in total"
             if a.get("request_rate")
             else "most requests/s (goodput)"
         )
@@ -126,7 +136,7 @@ def _title(a: dict) -> str:
             f"{a['model']} on {a['gpus']} x {a['gpu']}, continuous batching: {rate} within "
             f"{budget} at p{a['percentile']:g}"
         )
-    budget = ", ".join(f"{k} {v:g}" for k, v in a["budget"].items()) or "no budget"
+    budget = limits_text(a["budget"], "no budget")
     return (
         f"{a['model']} serving on {a['gpus']} x {a['gpu']}: input {a['input_len']}, output "
         f"{a['output_len']} tokens; {budget}; objective {a['objective']}"
@@ -312,12 +322,12 @@ def _measured_section(trials: pd.DataFrame) -> str:
         "point",
         "class",
         "measured tok/s/GPU",
-        "predicted",
+        "predicted tok/s/GPU",
         "error %",
-        "TTFT ms",
-        "predicted",
-        "TPOT ms",
-        "predicted",
+        "measured TTFT ms",
+        "predicted TTFT ms",
+        "measured TPOT ms",
+        "predicted TPOT ms",
         "reason",
     ]
     return "<h2>Measured trials</h2>" + _table("measured", head, rows)
@@ -334,7 +344,7 @@ def render(result: ServingResult, top: int = 15, trials: pd.DataFrame | None = N
         "GPUs": f"{a['gpus']} x {a['gpu']}",
         "input / output tokens": f"{a['input_len']} / {a['output_len']}",
         "weights / KV precision": f"{a['precision']} / {a['kv_precision']}",
-        "budget": ", ".join(f"{k} {v:g}" for k, v in a["budget"].items()) or "none",
+        "budget": limits_text(result.budget, "none"),
         "objective": a["objective"],
         "candidates": f"{a['candidates']:,}",
         "meet the budget": f"{a['feasible']:,}",
@@ -372,9 +382,11 @@ def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | N
         "model": a["model"],
         "GPUs": f"{a['gpus']} x {a['gpu']}",
         "workload": a["workload"],
-        "limits": ", ".join(f"{k} {v:g} ms" for k, v in a["budget"].items()) or "none",
+        "limits": limits_text(result.budget, "none"),
         "percentile": f"p{percentile:g}",
-        "request rate": f"{a['request_rate']:g}/s" if a["request_rate"] else "most (goodput)",
+        "request rate": f"{a['request_rate']:g} req/s total"
+        if a["request_rate"]
+        else "most (goodput)",
         "candidates": f"{a['candidates']:,}",
         "meet the limits": f"{a['feasible']:,}",
         "serving constants": a["constants"],

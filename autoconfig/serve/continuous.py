@@ -4,6 +4,8 @@ together by goodput per GPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from autoconfig.serve import goodput
@@ -18,6 +20,12 @@ def search(req: Request) -> ServingResult:
     simulated at a ladder of rates; ranked by goodput per GPU (or, with a request rate, those
     that meet the SLOs at it first)."""
     part = goodput.colocated(req)
+    # The workload simulated (the typical chat turn may have been cut to the model's context):
+    # the result, its report and a measured search see that one.
+    load = part.workload
+    req = replace(
+        req, workload=load, input_len=round(load.input.mean), output_len=round(load.output.mean)
+    )
     out = part.table
     if req.disaggregation and req.gpus >= 2:
         extra = disaggregated(

@@ -200,12 +200,24 @@ def _row(
     row["pred_output_tokens_per_s_per_gpu"] = rate * out_len / req.gpus
     latency_ok = row["pred_latency_ms"] <= 1e3 * slo.latency_s
     rate_ok = req.request_rate is None or goodput >= req.request_rate
-    row["meets"] = bool(latency_ok and rate_ok and goodput > 0)
-    row["pruned"] = (
-        ""
-        if row["meets"]
-        else (f"at most {goodput:,.2f} requests/s within the SLOs" if not rate_ok else "latency")
-    )
+    floor = req.budget.min_throughput
+    throughput_ok = floor is None or row["pred_output_tokens_per_s"] >= floor
+    row["meets"] = bool(latency_ok and rate_ok and throughput_ok and goodput > 0)
+    misses = []
+    if not rate_ok:
+        misses.append(f"at most {goodput:,.2f} requests/s within the SLOs")
+    if not latency_ok:
+        misses.append(
+            f"latency p{slo.percentile:g} {row['pred_latency_ms']:,.1f} ms vs "
+            f"{1e3 * slo.latency_s:,.1f} ms"
+        )
+    if not throughput_ok:
+        misses.append(
+            f"throughput {row['pred_output_tokens_per_s']:,.0f} tokens/s total vs {floor:,.0f}"
+        )
+    if goodput <= 0:
+        misses.append("no rate tried met the SLOs")
+    row["pruned"] = "; ".join(misses) if not row["meets"] else ""
     row["miss"] = 0.0 if row["meets"] else 1.0
     row["label"] = f"prefill {_pool(pre)} x{x} + decode {_pool(dec)} x{y}"
     return row

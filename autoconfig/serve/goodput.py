@@ -16,20 +16,22 @@ Three passes keep thousands of candidates within seconds:
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
+from autoconfig.base import checks
 from autoconfig.base.errors import UserError
 from autoconfig.columns.build import serving_inputs
 from autoconfig.cost.kv_cache import kv_capacity
 from autoconfig.cost.max_load import max_load
 from autoconfig.cost.serving_sim import Limits, Simulated, Stop, simulate
 from autoconfig.cost.serving_step import StepModel, step_model, take
+from autoconfig.serve import no_fit
 from autoconfig.serve.request import Request
 from autoconfig.serve.search import min_gpus, tp_degrees
-from autoconfig.serve.workload import Lengths, Workload, chat
+from autoconfig.serve.workload import MAX_REQUESTS, MIN_REQUESTS, Lengths, Workload, chat
 from autoconfig.spec import catalog
 from autoconfig.spec.schema import ClusterSpec, GPUSpec, ModelSpec
 from autoconfig.spec.vocab import GIB, KvPrecision, ServePrecision
@@ -128,6 +130,8 @@ def candidates(
         }
     ).drop_duplicates(ignore_index=True)
     table = table[table["max_num_batched_tokens"] >= table["max_num_seqs"]].reset_index(drop=True)
+    if table.empty:
+        raise UserError(_no_pairing(req))
     table["kv_fraction"] = req.kv_fraction
     inputs = serving_inputs(spec, hardware, _deployment_frame(table, workload, req.kv_fraction))
     with np.errstate(all="ignore"):
@@ -151,9 +155,26 @@ def candidates(
     decode = step.stage(1.0, 0.0, 0.0, prompt + out / 2.0, 1.0) + step.hop(1.0)
     table["alone_ttft_ms"] = 1e3 * chunks * pp * prefill
     table["alone_tpot_ms"] = 1e3 * pp * decode
-    largest = workload.input.largest + workload.output.largest
-    table["fits"] = cap.tokens >= np.ceil(largest / BLOCK_TOKENS) * BLOCK_TOKENS
+    table["fits"] = cap.tokens >= np.ceil(workload.longest / BLOCK_TOKENS) * BLOCK_TOKENS
     return Deployments(table, step, cap.tokens)
+
+
+def _no_pairing(req: Request) -> str:
+    """Every token budget below every running-batch limit: an iteration carries a token of
+    each running sequence, so no (max-num-seqs, max-num-batched-tokens) pair is possible."""
+    seqs, tokens = req.max_seqs or MAX_SEQS, req.max_tokens or MAX_TOKENS
+    if req.max_seqs and not req.max_tokens:
+        return (
+            f"max-num-seqs: {min(seqs):,} running sequences need as many tokens per iteration, "
+            f"more than the max-num-batched-tokens tried ({', '.join(f'{t:,}' for t in tokens)}); "
+            f"give at most {max(tokens):,}, or a larger --max-num-batched-tokens"
+        )
+    return (
+        f"max-num-batched-tokens: {max(tokens):,} tokens per iteration is below every "
+        f"max-num-seqs tried (the least {min(seqs):,}); an iteration carries a token of each "
+        f"running sequence: give at least {min(seqs):,}"
+        + ("" if req.max_seqs else ", or a smaller --max-num-seqs")
+    )
 
 
 def _deployment_frame(table: pd.DataFrame, workload: Workload, kv_fraction: float) -> pd.DataFrame:
@@ -310,22 +331,31 @@ def _check(req: Request, spec: ModelSpec, workload: Workload) -> None:
     req.budget.check()
     if not 0 < req.percentile < 100:
         raise UserError(f"percentile: must be between 0 and 100 (got {req.percentile:g})")
-    if req.request_rate is not None and not req.request_rate > 0:
-        raise UserError(f"request-rate: must be a positive number (got {req.request_rate:g})")
+    if req.request_rate is not None:
+        checks.number(req.request_rate, "request-rate")
     if not 0 < req.kv_fraction <= 1:
         raise UserError(f"kv-cache-fraction: must be in (0, 1] (got {req.kv_fraction:g})")
     for name, values in (
         ("max-num-seqs", req.max_seqs),
         ("max-num-batched-tokens", req.max_tokens),
     ):
-        if values is not None and any(v < 1 for v in values):
-            raise UserError(f"{name}: must be positive integers")
+        for value in values or ():
+            checks.integer(value, name)
+    if workload.times:  # a trace: every row is one request (workload.read_workload bounds it)
+        checks.integer(len(workload.times), "workload", 1, MAX_REQUESTS)
+    else:
+        checks.integer(workload.requests, "requests", MIN_REQUESTS, MAX_REQUESTS)
     context = spec.max_seq_len or spec.seq_len
-    longest = workload.input.largest + workload.output.largest
-    if longest > context:
+    if workload.longest > context:
+        if workload.pairs:
+            row = max(range(len(workload.pairs)), key=lambda i: sum(workload.pairs[i]))
+            raise UserError(
+                f"workload: row {row + 2} of {workload.source} holds {workload.longest:,} "
+                f"tokens (input + output), more than {spec.name}'s context of {context:,}"
+            )
         raise UserError(
-            f"input-len: the longest request, {longest} tokens, exceeds {spec.name}'s context "
-            f"of {context} tokens"
+            f"input-len: the longest request, {workload.longest} tokens (input + output), "
+            f"exceeds {spec.name}'s context of {context} tokens"
         )
 
 
@@ -348,7 +378,7 @@ def colocated(req: Request) -> Colocated:
     simulated at a ladder of rates (unranked: serve/continuous.py ranks them with the
     disaggregated pools)."""
     spec = catalog.get_model(req.model) if isinstance(req.model, str) else req.model
-    workload = _lengths_workload(req)
+    workload = _lengths_workload(req).within(spec.max_seq_len or spec.seq_len, spec.name)
     _check(req, spec, workload)
     hardware = gpu_and_cluster(req)
     splits = layouts(req, spec, hardware[1].domain)
@@ -362,13 +392,20 @@ def colocated(req: Request) -> Colocated:
     slo = Slo.of(req)
     fits = table["fits"].to_numpy()
     if not fits.any():
-        raise UserError(_no_fit(req, spec, workload, table))
+
+        def evaluate(max_tokens: tuple[int, ...] | None, kv_fraction: float) -> pd.DataFrame:
+            seqs = (min(req.max_seqs or MAX_SEQS),) if max_tokens else req.max_seqs
+            asked = replace(req, max_tokens=max_tokens, max_seqs=seqs, kv_fraction=kv_fraction)
+            return candidates(asked, spec, hardware, workload, splits).table
+
+        low = min(req.max_seqs or MAX_SEQS)
+        flag = no_fit.continuous(req, workload.longest, BLOCK_TOKENS, low, evaluate)
+        raise UserError(flag or _no_fit(req, spec, workload, table))
     pruned = pd.Series("", index=table.index, dtype=object)
-    largest = workload.input.largest + workload.output.largest
     pruned[~fits] = (
         "memory: K/V cache of "
         + table["kv_cache_tokens"].map("{:,.0f}".format).astype(object)
-        + f" tokens holds no {largest}-token request"
+        + f" tokens holds no {workload.longest}-token request"
     )
     for col, limit, label in (
         ("alone_ttft_ms", slo.ttft_s, "TTFT"),
@@ -534,11 +571,13 @@ def _misses(row: pd.Series, slo: Slo, req: Request) -> list[tuple[str, float, fl
 
 
 def _miss_text(row: pd.Series, slo: Slo, req: Request) -> str:
-    where = f"at {row['rate_rps']:,.2f} requests/s: " if np.isfinite(row["rate_rps"]) else ""
+    rate = row["rate_rps"]
+    where = f"at {rate:,.2f} requests/s in total: " if np.isfinite(rate) else ""
     parts = []
     for label, value, limit in _misses(row, slo, req):
-        shown = "never" if not np.isfinite(value) else f"{value:,.1f}"
-        parts.append(f"{label} {shown} vs {limit:,.1f}")
+        unit = "tokens/s total" if label == "throughput" else "ms"
+        shown = "never" if not np.isfinite(value) else f"{value:,.1f} {unit}"
+        parts.append(f"{label} {shown} vs {limit:,.1f} {unit}")
     return where + ("; ".join(parts) or "requests left unfinished")
 
 

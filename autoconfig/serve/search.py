@@ -12,6 +12,7 @@ from autoconfig.base.errors import UserError
 from autoconfig.base.intmath import divisors
 from autoconfig.columns.build import serving_inputs
 from autoconfig.cost.inference import evaluate_serving
+from autoconfig.serve import no_fit
 from autoconfig.serve.request import Budget, Request
 from autoconfig.serve.result import ServingResult
 from autoconfig.spec import catalog
@@ -141,7 +142,9 @@ def search(req: Request) -> ServingResult:
     out = predict(req, spec, hardware, layouts, _batches(req), req.gpus)
     fits = out["pred_fits"].astype(bool)
     if not fits.any():
-        raise UserError(_no_fit_message(req, spec, node, out))
+        raise UserError(
+            _batch_too_large(req, spec, hardware, layouts) or _no_fit_message(req, spec, node, out)
+        )
 
     pruned = pd.Series("", index=out.index, dtype=object)
     pruned[~fits] = (
@@ -238,6 +241,25 @@ def label_of(row: pd.Series) -> str:
         f"tp{int(row['tp'])} pp{int(row['pp'])} x{int(row['replicas'])} "
         f"batch {int(row['batch_size'])}"
     )
+
+
+def _batch_too_large(
+    req: Request,
+    spec: ModelSpec,
+    hardware: tuple[GPUSpec, ClusterSpec],
+    layouts: list[tuple[int, int]],
+) -> str | None:
+    """When the --batch sizes asked for are what does not fit (smaller batches do), the line
+    that says so; else None."""
+    if not req.batches:
+        return None  # the batches tried start at 1
+
+    def fits(batches: np.ndarray) -> np.ndarray:
+        pred = predict(req, spec, hardware, layouts, [int(b) for b in batches], req.gpus)
+        by = pred.assign(fit=pred["pred_fits"].astype(bool)).groupby("batch_size")["fit"].any()
+        return by.reindex(batches, fill_value=False).to_numpy()
+
+    return no_fit.static(req, min(req.batches), fits)
 
 
 def _no_fit_message(req: Request, spec: ModelSpec, node: int, out: pd.DataFrame) -> str:
