@@ -11,6 +11,7 @@ import typer
 
 from autoconfig import api
 from autoconfig.base.errors import UserError
+from autoconfig.base.fileio import csv_text, write_text
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import COUNT, COUNT0, OUT_FILE, read_csv
@@ -22,6 +23,8 @@ from autoconfig.rows.resolve import auto_settings
 from autoconfig.spec import layout
 from autoconfig.spec.vocab import Framework, Precision, Recompute
 
+# The flags a batch estimate (--runs) takes; every other flag describes one layout.
+BATCH_FLAGS = ("runs", "out")
 # The flags that state what each --auto setting would otherwise choose.
 AUTO_FLAGS = {
     "zero": ("zero",),
@@ -45,6 +48,7 @@ def estimate(
     ),
     cp: int = typer.Option(1, help="context-parallel degree", callback=COUNT),
     ep: int = typer.Option(1, help="expert-parallel degree (MoE)", callback=COUNT),
+    etp: int = defaults.size("etp"),
     dp: int = typer.Option(
         None, help="data-parallel degree (default: gpus / (tp*pp*cp))", callback=COUNT
     ),
@@ -75,14 +79,29 @@ def estimate(
     compare: bool = typer.Option(
         False, help="rank this layout in the search over the same model, GPUs and batch"
     ),
-    runs: Path = typer.Option(None, help="CSV of runs (reference columns) to estimate in batch"),
+    runs: Path = typer.Option(
+        None,
+        help="CSV of runs (reference columns) to estimate in batch; each row gives its own "
+        "model, GPUs and layout, so no layout flag goes with it",
+    ),
     out: Path = typer.Option(
-        None, help="with --runs: where to write predictions CSV", callback=OUT_FILE
+        None,
+        help="CSV file to write: with --runs the predictions of every row; without, this "
+        "estimate as one row (its layout, predictions and breakdowns), written even when it "
+        "does not fit",
+        callback=OUT_FILE,
     ),
 ) -> None:
     """Predict memory and step time of one configuration (or every row of --runs); exit 1 with
     the change that makes it fit when it does not."""
     if runs is not None:
+        given = [n for n in ctx.params if n not in BATCH_FLAGS and not defaults.defaulted(ctx, n)]
+        if given:
+            flags = ", ".join(f"--{n.replace('_', '-')}" for n in given)
+            raise UserError(
+                f"runs: each row of --runs gives its own model, GPUs and layout; drop {flags} "
+                "(or drop --runs to estimate one layout)"
+            )
         files.write_batch(api.estimate_frame(read_csv(runs)), out)
         return
     if model is None or gpus is None:
@@ -100,13 +119,14 @@ def estimate(
                 )
     result = api.estimate(
         model,
-        gpu,
         gpus,
+        gpu,
         tp=tp,
         pp=pp,
         vp=vp,
         cp=cp,
         ep=ep,
+        etp=etp,
         dp=dp,
         sp=sp,
         mbs=mbs,
@@ -144,6 +164,9 @@ def estimate(
     }
     defaults.announce(ctx, {k: v for k, v in used.items() if k not in row["auto"].split(",")})
     terminal.print_view(terminal.estimate_view(row))
+    if out is not None:  # before any verdict: an estimate that does not fit is written too
+        write_text(out, csv_text(result))
+        print(f"wrote the estimate to {out}", file=sys.stderr)
     request = search_run.make_request(
         model,
         gpus,
@@ -157,6 +180,15 @@ def estimate(
         flash_attention=flash,
         framework=framework.value,
     )
+    per_rank = int(row["seq_len"]) // int(row["cp"])
+    if int(row["cp"]) > 1 and per_rank < request.space.min_tokens_per_cp_rank:
+        # runnable, so estimated; but say why `search` and --compare would not list it
+        print(
+            f"note: the search leaves this layout out: cp {int(row['cp'])} leaves {per_rank} "
+            f"tokens per rank, under the space's min_tokens_per_cp_rank of "
+            f"{request.space.min_tokens_per_cp_rank}",
+            file=sys.stderr,
+        )
     if compare:
         print(f"searching {model} on {gpus} GPUs with gbs {int(row['gbs'])} ...", file=sys.stderr)
         found = search_run.run(request)

@@ -1,8 +1,13 @@
 """When nothing fits: the closest candidate and which single change makes it fit, computed by
-re-evaluating the changed layouts with the cost model (not a canned sentence)."""
+re-evaluating the changed layouts with the cost model (not a canned sentence): the memory-only
+changes (ZeRO, recompute, micro-batch) and, for one given layout, the smallest change of tp, pp
+and cp on the same GPUs."""
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pandas as pd
 
 from autoconfig.columns import frameworks
@@ -45,22 +50,131 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
             continue
         rows.append((label, {**layout.plain(best), **change}))
     if rows:
-        layouts = layout.frame_of([r for _, r in rows])
-        r = request
-        inputs = training_inputs(
-            r.model,
-            Hardware(r.gpu, r.cluster, r.precision),
-            layouts,
-            r.gbs,
-            r.seq_len,
-            frameworks.behaviour(r.framework, r.precision, float(r.flash_attention)),
-        )
-        out = evaluate(inputs)
+        out = _evaluate(layout.frame_of([r for _, r in rows]), request)
         for i, (label, _) in enumerate(rows):
             peak = float(out["pred_peak_mem_gib"][i])
             verdict = "fits" if peak <= best["mem_limit_gib"] else "still too big"
             lines.append(f"  with {label}: {peak:.1f} GiB ({verdict})")
     return lines
+
+
+def _evaluate(layouts: pd.DataFrame, request: SearchRequest) -> dict[str, np.ndarray]:
+    """The cost model's predictions for `layouts` run as `request` asks."""
+    r = request
+    inputs = training_inputs(
+        r.model,
+        Hardware(r.gpu, r.cluster, r.precision),
+        layouts,
+        r.gbs,
+        r.seq_len,
+        frameworks.behaviour(r.framework, r.precision, float(r.flash_attention)),
+    )
+    with np.errstate(all="ignore"):
+        return evaluate(inputs)
+
+
+def _doubled(row: pd.Series, steps: dict[str, int], keep_vp: bool) -> dict[str, object]:
+    """`row`'s layout with tp, pp and cp each doubled `steps[name]` times on the same GPUs: dp
+    halves once per doubling, sp follows tp as the defaults set it, vp stays where the pipeline
+    does (or where pp*vp still divides the layers), and full recompute covers at most the new
+    stage's layers."""
+    new = layout.plain(row)
+    for name, times in steps.items():
+        new[name] = int(row[name]) * 2**times
+    new["dp"] = int(row["dp"]) // 2 ** sum(steps.values())
+    if int(row["tp"]) == 1 and new["tp"] > 1:
+        new["sp"] = True
+    if steps["pp"] and not keep_vp:
+        new["vp"] = 1
+    if new["recompute"] == Recompute.FULL.value:
+        held = int(busiest_rank_layers(float(row["layers"]), new["pp"], new["vp"]))
+        new["recompute_layers"] = min(int(row["recompute_layers"]), held)
+    return new
+
+
+def parallel_fix(row: pd.Series, request: SearchRequest) -> list[str]:
+    """The smallest change of tp, pp and cp that makes the layout `row` fit on its GPUs: the
+    fewest doublings (dp halving with each, so the GPU count stays), each candidate held to the
+    layout rules, what the framework runs and the search space's own limits (tp within a node
+    unless the space allows more, cp with enough tokens per rank), and evaluated by the cost
+    model; of the fitting ones with that many doublings, the fastest. One line, or one saying
+    why none fits."""
+    r = request
+    limit = float(row["mem_limit_gib"])
+    dp = int(row["dp"])
+    most = (dp & -dp).bit_length() - 1  # doublings that keep dp whole: its factors of two
+    gpus = f"{r.gpus:,} GPU{'s' if r.gpus > 1 else ''}"
+    if most == 0:
+        return [f"  no tp, pp or cp change keeps {gpus}: dp is {dp}, with no factor of 2 to trade"]
+    row = row.copy()
+    row["layers"] = r.model.layers
+    candidates = []
+    for k in range(1, most + 1):
+        for a, b in itertools.product(range(k + 1), repeat=2):
+            if a + b > k:
+                continue
+            steps = {"tp": a, "pp": b, "cp": k - a - b}
+            for keep_vp in {True, int(row["vp"]) == 1}:
+                candidates.append((k, _doubled(row, steps, keep_vp)))
+    frame = layout.frame_of([c for _, c in candidates]).drop_duplicates()
+    doublings = pd.Series([k for k, _ in candidates]).loc[frame.index].to_numpy()
+    frame = frame.reset_index(drop=True)
+    codes = {
+        **layout.columns(frame),
+        "heads": r.model.heads,
+        "kv_heads": r.model.kv,
+        "layers": r.model.layers,
+        "experts": r.model.num_experts,
+        "num_gpus": r.gpus,
+        "gbs": r.gbs,
+        "seq": r.seq_len,
+    }
+    ok = np.ones(len(frame), bool)
+    for _, _, bad in [*layout.rules(codes), *frameworks.rules(r.framework, codes)]:
+        ok &= ~np.broadcast_to(bad, ok.shape)
+    tp, pp, vp, cp = (frame[n].to_numpy() for n in ("tp", "pp", "vp", "cp"))
+    ok &= (vp == 1) | (r.model.layers % (pp * vp) == 0)  # interleaving: equal chunks
+    if not r.space.allow_tp_across_nodes:
+        ok &= tp <= r.cluster.gpus_per_node
+    ok &= (cp == 1) | (r.seq_len / cp >= r.space.min_tokens_per_cp_rank)
+    if not ok.any():
+        return [f"  no tp, pp or cp change on {gpus} passes the layout rules"]
+    frame, doublings = frame[ok].reset_index(drop=True), doublings[ok]
+    out = _evaluate(frame, r)
+    peak = np.asarray(out["pred_peak_mem_gib"], float)
+    speed = np.asarray(out["pred_tokens_per_s_per_gpu"], float)
+    fits = peak <= limit
+    if not fits.any():
+        low = int(np.argmin(peak))
+        return [
+            f"  no tp, pp or cp change on {gpus} fits: the smallest peak is "
+            f"{peak[low]:.1f} GiB, with {_moves(row, frame.iloc[low])}"
+        ]
+    fewest = doublings[fits].min()
+    pick = np.flatnonzero(fits & (doublings == fewest))
+    best = int(pick[np.argmax(speed[pick])])
+    times = "doubling" if fewest == 1 else "doublings"
+    return [
+        f"  with {_moves(row, frame.iloc[best])} ({fewest} {times}, the fewest that fit on "
+        f"{gpus}): {peak[best]:.1f} GiB (fits), {speed[best]:,.0f} tokens/s/GPU"
+    ]
+
+
+def _moves(old: pd.Series, new: pd.Series) -> str:
+    """'tp 1 -> 4, pp 1 -> 2 with dp 8 -> 1, sp off -> on': the moved dimensions, then those
+    that follow them."""
+
+    def shown(name: str, value: object) -> str:
+        if isinstance(value, bool | np.bool_):
+            return "on" if value else "off"
+        return str(value)
+
+    a, b = layout.plain(old), layout.plain(new)
+    changed = [n for n in layout.NAMES if str(a[n]) != str(b[n])]
+    text = [f"{n} {shown(n, a[n])} -> {shown(n, b[n])}" for n in changed]
+    moved = [t for n, t in zip(changed, text, strict=True) if n in ("tp", "pp", "cp")]
+    follow = [t for n, t in zip(changed, text, strict=True) if n not in ("tp", "pp", "cp")]
+    return ", ".join(moved) + (f" with {', '.join(follow)}" if follow else "")
 
 
 def fixed_values_missing(table: pd.DataFrame, request: SearchRequest) -> list[str]:

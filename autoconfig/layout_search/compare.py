@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from autoconfig.layout_search.advice import closest_fix
+from autoconfig.layout_search import spread
+from autoconfig.layout_search.advice import closest_fix, parallel_fix
+from autoconfig.layout_search.rank import POINT, RANK_BY, SPREAD
 from autoconfig.layout_search.result import SearchRequest, SearchResult
 from autoconfig.spec import layout
 
@@ -66,11 +68,13 @@ def compare(mine: pd.Series, result: SearchResult, top: int = 2) -> Comparison:
     fits = float(mine["pred_peak_mem_gib"]) <= limit
     here = ranked[_same(ranked, mine, layout.NAMES)]
     in_search = bool(_same(result.table, mine, layout.NAMES).any())
+    mine = _with_spread(mine, result)
     if not here.empty:
         rank: int | None = int(here["rank"].iloc[0])
         speed = float(here["pred_tokens_per_s_per_gpu"].iloc[0])
-    elif fits:  # a layout the search leaves out: where its speed would place it
-        rank = int((ranked["pred_tokens_per_s_per_gpu"] > speed).sum()) + 1
+        mine[RANK_BY] = float(here[RANK_BY].iloc[0])
+    elif fits:  # a layout the search leaves out: where the ranking's own quantity places it
+        rank = int((ranked[RANK_BY] > mine[RANK_BY]).sum()) + 1
     else:
         rank = None
     best = result.best
@@ -90,9 +94,22 @@ def compare(mine: pd.Series, result: SearchResult, top: int = 2) -> Comparison:
     return Comparison(mine, result, fits, rank, in_search, best, gain, changes[:top])
 
 
+def _with_spread(mine: pd.Series, result: SearchResult) -> pd.Series:
+    """`mine` with the conservative and optimistic estimates the ranking gives a layout
+    (rank.SPREAD over its regimes), so that it is placed and shown by the ranking's quantity."""
+    row = mine.copy()
+    frame = pd.DataFrame([row])
+    per_node = float(result.request.cluster.gpus_per_node)
+    low, high, by = SPREAD.band(frame[POINT], spread.regimes(frame, per_node))
+    row[RANK_BY], row["pred_tokens_per_s_per_gpu_high"] = float(low.iloc[0]), float(high.iloc[0])
+    row["spread_regime"] = by.iloc[0]
+    return row
+
+
 def fit_advice(mine: pd.Series, request: SearchRequest) -> list[str]:
     """When the user's layout does not fit: the search's advice for it (which single change
-    makes it fit, re-evaluated with the cost model)."""
+    of memory settings makes it fit) and the smallest tp/pp/cp change on the same GPUs that
+    does, each re-evaluated with the cost model."""
     row = mine.copy()
     row["pruned"] = f"memory: {mine['pred_peak_mem_gib']:.1f} > {mine['mem_limit_gib']:.1f} GiB"
-    return closest_fix(pd.DataFrame([row]), request)
+    return closest_fix(pd.DataFrame([row]), request) + parallel_fix(mine, request)

@@ -15,11 +15,16 @@ import pandas as pd
 
 from autoconfig.base.errors import UserError
 from autoconfig.layout_search import run as search_run
-from autoconfig.spec import catalog, layout
+from autoconfig.spec import catalog, defaults, layout
 from autoconfig.spec.schema import ModelSpec
 
 SECONDS_PER_DAY = 86400.0
 STALL = 4  # grid steps without a faster plan (or without any layout) before giving up
+# A count is shown only when someone might run it: its best layout is not slower than a count
+# with no more GPUs of the same type (dominated), nor under this share of the median MFU of
+# the type's counts (a bisection point that only an odd pipeline split can use: 2,016 H100s
+# for llama3-70b run pp63 at 3% MFU).
+MFU_FLOOR_OF_MEDIAN = 0.5
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,10 @@ class Point:
         return self.ok and not self.misses(goal)
 
 
+# Told of each GPU count: (GPU type, count, None) before its search, (..., its Point) after.
+Progress = Callable[[str, int, "Point | None"], None]
+
+
 @dataclass
 class Plan:
     goal: Goal
@@ -111,6 +120,37 @@ class Plan:
     answers: dict[str, Point | None] = field(default_factory=dict)  # per GPU type
     chosen: Point | None = None  # the fewest GPUs of the cheapest type that meets the goal
     closest: Point | None = None  # when nothing meets: the plan that misses by least
+
+
+def shown(plan: Plan) -> tuple[list[Point], dict[str, list[Point]]]:
+    """The counts worth a row (or a point on the plot), and those left out by reason: a count
+    whose best layout is slower than the best at no more GPUs of the same type ('dominated'),
+    one whose MFU is under MFU_FLOOR_OF_MEDIAN of the median over the type's counts ('low
+    MFU'), and a count no layout uses. Each type's answer and the plan's answer stay."""
+    keep: list[Point] = []
+    left: dict[str, list[Point]] = {"dominated": [], "low MFU": [], "no layout": []}
+    answers = {id(p) for p in (*plan.answers.values(), plan.chosen, plan.closest) if p}
+    for gpu in dict.fromkeys(p.gpu for p in plan.points):
+        pts = [p for p in plan.points if p.gpu == gpu]
+        ok = [p for p in pts if p.ok]
+        mfu = sorted(float(p.best["pred_mfu"]) for p in ok)
+        floor = MFU_FLOOR_OF_MEDIAN * mfu[len(mfu) // 2] if mfu else 0.0
+        for p in pts:
+            if id(p) in answers:
+                reason = ""
+            elif not p.ok:
+                reason = "no layout" if p.reason.startswith("no layout uses") else ""
+            elif any(q.days < p.days and q.gpus <= p.gpus for q in ok if q is not p):
+                reason = "dominated"
+            elif float(p.best["pred_mfu"]) < floor:
+                reason = "low MFU"
+            else:
+                reason = ""
+            if reason:
+                left[reason].append(p)
+            else:
+                keep.append(p)
+    return keep, {k: v for k, v in left.items() if v}
 
 
 def counts(node: int, max_gpus: int) -> list[int]:
@@ -174,22 +214,26 @@ def check(goal: Goal, gpus: tuple[str, ...], prices: tuple[float, ...], max_gpus
 def plan(
     model: str,
     goal: Goal,
-    gpus: tuple[str, ...] = ("h100-sxm-80gb",),
+    gpus: tuple[str, ...] = (defaults.GPU,),
     prices: tuple[float, ...] = (),
     *,
     max_gpus: int = 65536,
     gpus_per_node: int | None = None,
+    progress: Progress | None = None,
     **search: object,
 ) -> Plan:
     """The plan for `goal`: per GPU type the fewest GPUs that meet it, and the cheapest of those
     (by cost when priced, else by GPU-hours). `search` goes to every search (seq_len,
-    gbs, precision, framework, max_memory_gib, memory_headroom, ...)."""
+    gbs, precision, framework, max_memory_gib, memory_headroom, ...). `progress`, when given,
+    hears of each count before its search and of its point after."""
     check(goal, gpus, prices, max_gpus)
     spec = catalog.get_model(model)
     price_of = dict(zip(gpus, prices * len(gpus) if len(prices) == 1 else prices, strict=False))
     out = Plan(goal, spec.name, 0, "")
     for gpu in gpus:
-        answer, tried = _sweep(spec, gpu, price_of.get(gpu), out, max_gpus, gpus_per_node, search)
+        answer, tried = _sweep(
+            spec, gpu, price_of.get(gpu), out, max_gpus, gpus_per_node, search, progress
+        )
         out.answers[gpu] = answer
         out.points.extend(tried)
     met = [p for p in out.answers.values() if p is not None]
@@ -210,6 +254,7 @@ def _sweep(
     max_gpus: int,
     gpus_per_node: int | None,
     search: dict[str, object],
+    progress: Progress | None = None,
 ) -> tuple[Point | None, list[Point]]:
     """One GPU type: the fewest GPUs that meet the goal (or None) and every count tried."""
     gpu_spec = catalog.get_gpu(gpu)
@@ -218,7 +263,11 @@ def _sweep(
 
     def point(n: int) -> Point:
         if n not in seen:
+            if progress is not None:
+                progress(gpu, n, None)
             seen[n] = _point(spec, gpu, n, price, gpu_spec.tdp_w, out, gpus_per_node, search)
+            if progress is not None:
+                progress(gpu, n, seen[n])
         return seen[n]
 
     def stalled(tried: list[int]) -> bool:

@@ -172,8 +172,9 @@ def order_ties(feasible: pd.DataFrame, per_node: np.ndarray | int = 8) -> pd.Dat
     """Best conservative estimate first (the point prediction where a table has none).
     Layouts within NEAR_TIE of the best of their near-tie band put those without
     `memory_risk` first; then layouts within EQUAL_SPEED of the best of their group are
-    ordered by TIE_RULES. `tie_break` names the rule that put a layout above the next one when
-    that one is at least as fast ('' where speed decided)."""
+    ordered by TIE_RULES. `tie_break` names the rule that put a layout above the nearest one
+    listed below it that is at least as fast ('' where no such layout is: speed decided), so
+    every break of the order by the conservative estimate is named (_tie_breaks)."""
     key = RANK_BY if RANK_BY in feasible else POINT
     risk = (
         feasible["memory_risk"].astype(bool)
@@ -197,26 +198,44 @@ def order_ties(feasible: pd.DataFrame, per_node: np.ndarray | int = 8) -> pd.Dat
     cols = ["_group", *(f"_tie{i}" for i in range(len(TIE_RULES))), key]
     t = t.sort_values(cols, ascending=[True] * (len(cols) - 1) + [False], kind="stable")
     t = t.reset_index(drop=True)
-    # Each row against the next: where the next is as fast, the rule that put this row above
-    # it: no memory risk (same near-tie band, only the next at risk), else the first tie rule
-    # whose keys differ (same equal-speed group).
-    broke = np.full(len(t), "", dtype=object)
-    if len(t) > 1:
-        this, after = slice(0, -1), slice(1, None)
-        group_col, speed_col = t["_group"].to_numpy(), t[key].to_numpy()
-        band, risk_col = t["_band"].to_numpy(), t["_risk"].to_numpy()
-        open_ = speed_col[this] <= speed_col[after]
-        by_risk = open_ & (band[this] == band[after]) & (risk_col[this] < risk_col[after])
-        broke[:-1][by_risk] = MEMORY_RISK_RULE
-        open_ &= ~by_risk & (group_col[this] == group_col[after])
-        for j, (name, _) in enumerate(TIE_RULES):
-            tie_key = t[f"_tie{j}"].to_numpy()
-            decided = open_ & (tie_key[this] != tie_key[after])
-            broke[:-1][decided] = name
-            open_ &= ~decided
-    t["tie_break"] = broke
+    t["tie_break"] = _tie_breaks(t, key)
     helpers = ["_group", "_band", "_risk", "_per_node"]
     return t.drop(columns=[*helpers, *(f"_tie{i}" for i in range(len(TIE_RULES)))])
+
+
+def _tie_breaks(t: pd.DataFrame, key: str) -> np.ndarray:
+    """For each row of the ordered table `t`, the rule that put it above the nearest row listed
+    below it that is at least as fast ('' where no row below is: speed decided): no memory risk
+    when that one is at risk in the same near-tie band, else the first tie rule whose keys
+    differ in their equal-speed group. Every row above a faster one says why, not only a row
+    above the next, and where the next row is at least as fast, the rule is the one against it."""
+    n = len(t)
+    broke = np.full(n, "", dtype=object)
+    if n < 2:
+        return broke
+    speed = t[key].to_numpy(float).tolist()
+    # The nearest row below at least as fast: one pass from the end keeping a stack of the
+    # rows no row between them and the current one outruns.
+    nearest = np.full(n, -1)
+    stack: list[int] = []
+    for row in range(n - 1, -1, -1):
+        while stack and speed[stack[-1]] < speed[row]:
+            stack.pop()
+        if stack:
+            nearest[row] = stack[-1]
+        stack.append(row)
+    i = np.flatnonzero(nearest >= 0)
+    j = nearest[i]
+    band, risk, group = (t[c].to_numpy() for c in ("_band", "_risk", "_group"))
+    by_risk = (band[i] == band[j]) & (risk[i] < risk[j])
+    broke[i[by_risk]] = MEMORY_RISK_RULE
+    open_ = ~by_risk & (group[i] == group[j])
+    for k, (name, _) in enumerate(TIE_RULES):
+        tie_key = t[f"_tie{k}"].to_numpy()
+        decided = open_ & (tie_key[i] != tie_key[j])
+        broke[i[decided]] = name
+        open_ &= ~decided
+    return broke
 
 
 def explain_winner(ranked: pd.DataFrame) -> str:
@@ -231,7 +250,9 @@ def explain_winner(ranked: pd.DataFrame) -> str:
     a, b = feasible.iloc[0], feasible.iloc[1]
     gain = a[key] / b[key] - 1
     mem = f"{a['pred_peak_mem_gib']:.1f} vs {b['pred_peak_mem_gib']:.1f} GiB"
-    rule = a.get("tie_break", "") or ""
+    # #1's rule is the one against #2 only where #2 is at least as fast (else it names why #1
+    # is above a faster layout further down)
+    rule = (a.get("tie_break", "") or "") if b[key] >= a[key] else ""
     if rule == MEMORY_RISK_RULE:
         return (
             f"#2 is {100 * -gain:.1f}% faster by the conservative estimate, a near-tie (within "
@@ -275,19 +296,29 @@ def _replica(row: pd.Series) -> int:
     return int(row["tp"] * row["cp"] * row["pp"])
 
 
+# The column of the quantity the ranking sorts by, as every view of it is headed.
+RANK_COLUMN = "tokens/s/GPU low (ranked by)"
+MEMORY_COLUMN = "memory GiB (peak of limit)"
+
+
 def top_row(row: pd.Series) -> dict[str, str]:
-    """The cells every view of the ranking shows for one configuration."""
+    """The cells every view of the ranking shows for one configuration: the quantity it is
+    ranked by (RANK_COLUMN) before the point estimate, MFU as a percentage, memory as the
+    peak of the limit in GiB (the GPU's usable capacity less any headroom or
+    --max-memory-gib), with one decimal as estimate shows it."""
+    low = row.get(RANK_BY)
     return {
         "#": str(row["rank"]),
         "layout": layout.label(row),
         "mbs": str(row["mbs"]),
         "recompute": layout.recompute_label(row),
         "zero": str(row["zero"]),
+        RANK_COLUMN: "" if low is None or pd.isna(low) else f"{low:,.0f}",
         "tokens/s/GPU": f"{row['pred_tokens_per_s_per_gpu']:,.0f}",
         "tokens/s/GPU (low-high)": _spread_cell(row),
         "MFU": f"{100 * row['pred_mfu']:.1f}%",
         "step s": f"{row['pred_step_time_s']:.2f}",
-        "memory GiB": f"{row['pred_peak_mem_gib']:.1f}/{row['mem_limit_gib']:.0f}",
+        MEMORY_COLUMN: f"{row['pred_peak_mem_gib']:.1f} of {row['mem_limit_gib']:.1f}",
         "memory risk": "yes" if bool(row.get("memory_risk", False)) else "",
         "tie broken by": row.get("tie_break", "") or "",
     }

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from autoconfig.layout_search.compare import Comparison
 from autoconfig.layout_search.rank import top_row
+from autoconfig.report.terminal import LEFT
 
 
 def compare_view(c: Comparison) -> Group:
@@ -18,7 +19,7 @@ def compare_view(c: Comparison) -> Group:
     table = Table(title="your layout against the search", title_justify="left")
     best = top_row(c.best)
     for col in best:
-        table.add_column(col, justify="left" if col in ("layout", "recompute") else "right")
+        table.add_column(col, justify="left" if col in LEFT else "right")
     yours = top_row(_as_row(mine, c))
     table.add_row(*best.values())
     table.add_row(*yours.values())

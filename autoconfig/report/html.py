@@ -49,6 +49,12 @@ th:nth-child(2), td:nth-child(2) { text-align: left; }
 """
 
 
+def inline_plotly() -> str:
+    """The packaged plotly bundle as the text of an inline <script>, so a page draws offline
+    (a "</script" inside it would end the element early)."""
+    return resources.asset(PLOTLY_JS).read_text(encoding="utf-8").replace("</script", "<\\/script")
+
+
 def _accuracy_note() -> str:
     asset = resources.asset(ACCURACY)
     if not asset.is_file():
@@ -67,21 +73,24 @@ def training_accuracy_note(acc: dict[str, float]) -> str:
         groups = acc.get("source_groups")
         over = f"over {groups} published source groups" if groups else "over the source groups"
         held = acc.get("held_out_median_over_groups_pct")
-        parts.append(
-            f"Known accuracy (docs/validation.md): {over}, the median of each group's median "
-            f"absolute error of tokens/s/GPU is {acc['median_over_groups_pct']:.1f}% on the "
-            "stacks and clusters those sources ran"
-            + (f" ({held:.1f}% on the rows the fit did not see)" if held is not None else "")
+        in_sample = (
+            f"the median of each group's median absolute error of tokens/s/GPU is "
+            f"{acc['median_over_groups_pct']:.1f}% in sample, on the stacks and clusters the "
+            "fit saw"
+            + (f" ({held:.1f}% on its rows the fit did not see)" if held is not None else "")
         )
         fresh = acc.get("left_out_beside_median_over_groups_pct") == acc["median_over_groups_pct"]
         if "left_out_median_over_groups_pct" in acc and fresh:
-            parts[-1] += (
-                f"; predicted by constants fitted without it, a typical group's median error "
-                f"is {acc['left_out_median_over_groups_pct']:.1f}%, and half the groups fare "
-                "worse (docs/validation_left_out.md): expect that on a stack or cluster "
-                "unlike those sources"
+            # Out of sample leads: what a user on a stack or cluster unlike the sources gets.
+            parts.append(
+                f"Known accuracy (docs/validation_left_out.md): {over}, each predicted by "
+                f"constants fitted without it, a typical group's median error is "
+                f"{acc['left_out_median_over_groups_pct']:.1f}%, and half the groups fare "
+                f"worse: expect that on a stack or cluster unlike those sources. Beside it, "
+                f"{in_sample} (docs/validation.md)."
             )
-        parts[-1] += "."
+        else:
+            parts.append(f"Known accuracy (docs/validation.md): {over}, {in_sample}.")
     lead = "" if parts else "Known accuracy (docs/validation.md): "
     parts.append(
         f"{lead}Over {acc['rows']} published 16-bit runs, the fit's own rows included: median "
@@ -301,9 +310,7 @@ def render(
     for i, fig in enumerate(figures):
         parts.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"plot{i}"))
     body = "\n".join(parts)
-    script = (
-        resources.asset(PLOTLY_JS).read_text(encoding="utf-8").replace("</script", "<\\/script")
-    )
+    script = inline_plotly()
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig "
         f"{html.escape(a['model'])}</title><style>{STYLE}</style>"

@@ -16,6 +16,7 @@ from autoconfig.layout_search.rank import (
     MEMORY_RISK_RULE,
     NEAR_TIE,
     NEAR_TIE_SOURCE,
+    RANK_COLUMN,
     SPREAD,
     TIE_RULES,
     top_row,
@@ -108,15 +109,16 @@ def near_tie_line(count: int) -> str:
         f"~ marks near-ties: within {100 * NEAR_TIE:g}% of the best conservative estimate, "
         f"{NEAR_TIE_SOURCE} ({count} configurations); among near-ties a layout without memory "
         f"risk is listed first ({MEMORY_RISK_RULE}); layouts within {100 * EQUAL_SPEED:g}% run "
-        f"at equal speed and are ordered by: {', '.join(name for name, _ in TIE_RULES)}"
+        f"at equal speed and are ordered by: {', '.join(name for name, _ in TIE_RULES)}; "
+        "'tie broken by' names the rule that put a layout above a faster one listed below it"
     )
 
 
 def spread_line() -> str:
     """What the ranking sorts by, what the spread and the memory flag mean, and their sources."""
     return (
-        f"ranked by the low end of tokens/s/GPU (low-high): {SPREAD.source}; "
-        f"memory risk: {SPREAD.memory_source}"
+        f"ranked by '{RANK_COLUMN}', the conservative end of tokens/s/GPU (low-high): "
+        f"{SPREAD.source}; memory risk: {SPREAD.memory_source}"
     )
 
 
@@ -160,7 +162,7 @@ def estimate_view(row: pd.Series) -> Group:
         value = float(row[col])
         mem.add_row(label, f"{value:,.2f}", f"{100 * value / total:.0f}%" if total else "")
     verdict = "[green]fits[/green]" if bool(row["pred_fits"]) else "[red]does not fit[/red]"
-    mem.add_row("[bold]peak[/bold]", f"[bold]{total:,.2f}[/bold]", f"of {cap:g} GiB: {verdict}")
+    mem.add_row("[bold]peak[/bold]", f"[bold]{total:,.2f}[/bold]", f"of {cap:.1f} GiB: {verdict}")
 
     step = float(row["pred_step_time_s"])
     tim = Table(title="Step time (s)", title_justify="left")
