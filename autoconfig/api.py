@@ -25,6 +25,7 @@ from autoconfig.cost.inputs import busiest_rank_layers, interleaves_by_counting_
 from autoconfig.layout_search import batch
 from autoconfig.layout_search import run as search_run
 from autoconfig.layout_search.result import SearchResult
+from autoconfig.layout_search.space import mlp_split_rule
 from autoconfig.rows.resolve import RESOLVED, as_framework_would, auto_settings, read_resolved
 from autoconfig.rows.training import with_predictions
 from autoconfig.spec import defaults, layout
@@ -184,6 +185,12 @@ def estimate(
         (
             run.recompute_layers > held,
             f"recompute_layers: at most {held} layers per stage",
+        ),
+        *(
+            (bool(np.any(bad)), f"tp: {run.tp} does not divide the MLP width ({spec.ffn})")
+            for _, bad in mlp_split_rule(
+                {"tp": np.array([run.tp]), "etp": np.array([run.etp])}, spec
+            )
         ),
     ):
         if bad:

@@ -4,8 +4,7 @@
 
 Builds N layouts of one model (random dp/tp/pp/vp/cp/mbs/recompute/zero, 1,024-GPU scale) as
 cost-model columns (autoconfig.columns.build) and times `autoconfig.cost.evaluate` over all of
-them at
-once, best of 3.
+them at once, best of 3.
 """
 
 from __future__ import annotations

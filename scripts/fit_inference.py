@@ -10,9 +10,8 @@ one and two ranks, a fit workload of its own: other lengths and seeds than the g
 docs/inference.md) and fits cpu-gloo's constants to the time of every iteration it ran.
 
 Fitted rows: those whose sha256(run_id) % 3 == 0 (autoconfig.calibrate.serving_validation), of
-engines with
-fused kernels; scripts/validate_inference.py reports the other rows apart. Static rows are
-fitted on their end-to-end latency, continuous (in-flight) rows on their max-load output
+engines with fused kernels; scripts/validate_inference.py reports the other rows apart. Static
+rows are fitted on their end-to-end latency, continuous (in-flight) rows on their max-load output
 tokens/s per GPU. The constants are shared by every GPU of the chip; a chip with no rows of
 its own borrows a fitted chip of its generation (CARRY), else catalog.serving_constants' rule.
 """

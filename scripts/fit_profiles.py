@@ -6,8 +6,8 @@
     python scripts/fit_profiles.py --apply fit.json        # write a kept fit, no refit
 
 The calibration subset is fixed: rows whose sha256(run_id) % 3 == 0
-(autoconfig.calibrate.validation.
-in_fit_set); scripts/validate_published.py reports errors on the other two thirds separately.
+(autoconfig.calibrate.validation.in_fit_set); scripts/validate_published.py reports errors on
+the other two thirds separately.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@
 For each source group whose throughput the targets count (the Ultra-Scale Playbook apart, as
 in scripts/validate_published.py), the shared time constants are refitted on the other
 groups' rows of the calibration third, and every completed, measured row of the group is
-predicted with them (`autoconfig.calibrate.leave_out`). The shipped fit and the constant-MFU guess
-are
-beside. The left-out signed errors, by error regime with each group weighted once, and the
+predicted with them (`autoconfig.calibrate.leave_out`). The shipped fit and the constant-MFU
+guess are beside. The left-out signed errors, by error regime with each group weighted once, and the
 measured peak-memory error go to autoconfig/report/assets/left_out_spread.json: the spread
 and memory-risk line every ranking carries (autoconfig.layout_search.spread).
 """

@@ -815,27 +815,32 @@ def test_frameworks_state_where_they_accumulate_gradients() -> None:
 
 
 def test_deepspeed_bf16_optimizer_all_reduces_and_copies_fp32_gradients() -> None:
-    """DeepSpeed's BF16_Optimizer (bf16, ZeRO-1) adds every micro-batch's bf16 gradients into
-    an fp32 copy and all-reduces that whole copy at the step: at the same layout a bf16 run
-    pays a gradient pass per micro-batch and an all-reduce where an fp16 run of the same
-    framework reduce-scatters, and Megatron (gradient-accumulation fusion) pays neither."""
+    """DeepSpeed's BF16_Optimizer (bf16 at ZeRO 0/1, a run's `bf16_optimizer` column; not
+    DeepSpeed 0.19.8's default) adds every micro-batch's gradients into a copy of its own and
+    all-reduces that whole copy at the step: against the same row without it, a gradient pass
+    per micro-batch and an all-reduce where ZeRO-1 reduce-scatters; at ZeRO-2 neither."""
     fw = catalog.get_framework("deepspeed")
-    bf16, fp16 = frameworks.behaviour(fw, "bf16"), frameworks.behaviour(fw, "fp16")
-    assert float(bf16.zero1_all_reduce) == 1.0 and float(fp16.zero1_all_reduce) == 0.0
-    assert float(bf16.grad_pass_bytes) == float(fw.does.bf16_grad_pass_bytes.value) > 0
-    assert float(fp16.grad_pass_bytes) == 0.0
-    mega = frameworks.behaviour(catalog.get_framework("megatron"), "bf16")
-    assert float(mega.zero1_all_reduce) == 0.0 and float(mega.grad_pass_bytes) == 0.0
-
-    layout = {"tp": 4, "pp": 12, "mbs": 2, "gbs": 2048, "zero": 1, "sp": False}
-    layout |= {"recompute": "full"}
-    runs = {
-        precision: api.estimate(
-            "bloom-176b", 384, "a100-sxm-80gb", framework="deepspeed", precision=precision, **layout
-        )
-        for precision in ("bf16", "fp16")
-    }
-    dp = {k: float(v["time_dp_comm_s"].iloc[0]) for k, v in runs.items()}
-    compute = {k: float(v["time_compute_s"].iloc[0]) for k, v in runs.items()}
-    assert dp["bf16"] > 1.3 * dp["fp16"]  # all-reduce 2x the reduce-scatter's gradient bytes
-    assert compute["bf16"] > 1.05 * compute["fp16"]  # 26 bytes per parameter per micro-batch
+    assert float(frameworks.behaviour(fw, "bf16").bf16_optimizer) == 0.0  # 0.19.8's default
+    assert float(fw.does.bf16_grad_pass_bytes.value) > 0
+    bloom = catalog.get_model("bloom-176b")
+    row = {"model": "bloom-176b", "num_gpus": 384, "gpu": "a100-sxm-80gb", "tp": 4, "pp": 12}
+    row |= {k: getattr(bloom, k) for k in ("layers", "hidden", "heads", "vocab")}
+    row |= {"dp": 8, "mbs": 2, "gbs": 2048, "seq_len": 2048, "sp": "n", "recompute": "full"}
+    row |= {"precision": "bf16", "framework": "deepspeed", "vp": 1, "cp": 1, "ep": 1}
+    unpiped = {"tp": 8, "pp": 1, "dp": 48, "mbs": 1, "gbs": 384, "zero": 2}  # no ZeRO-2 under pp
+    runs = pd.DataFrame(
+        [
+            row | layout | {"bf16_optimizer": flag}
+            for layout in ({"zero": 1}, unpiped)
+            for flag in "yn"
+        ]
+    ).astype(str)
+    out = api.estimate_frame(runs)
+    assert (out["error"] == "").all(), out["error"].tolist()
+    dp, compute = out["time_dp_comm_s"].astype(float), out["time_compute_s"].astype(float)
+    # ZeRO-1: the whole all-reduce moves twice the reduce-scatter's bytes (the gathers of the
+    # updated shards are the same)
+    assert dp[0] > 1.3 * dp[1]
+    assert compute[0] > 1.05 * compute[1]  # 26 bytes a parameter in each of 128 micro-batches
+    # ZeRO-2 runs DeepSpeed's ZeRO optimizer whatever the column says
+    assert dp[2] == pytest.approx(dp[3]) and compute[2] == pytest.approx(compute[3])

@@ -243,6 +243,9 @@ def test_a_tp_that_does_not_split_the_mlp_width_is_neither_searched_nor_trained(
     assert found["odd"].dropped["tp does not divide the MLP width"] > 0
     trained = run_cli("train", "--model", str(odd), "--tp", "2", "--gpus", "2", "--device", "cpu")
     assert_user_error(trained, "tp", "MLP width (131)")
+    # estimate refuses it too, and its fit advice never proposes it
+    estimated = run_cli("estimate", "--model", str(odd), "--gpus", "2", "--tp", "2")
+    assert_user_error(estimated, "tp", "MLP width (131)")
 
 
 def test_train_refuses_more_layers_than_the_model_has() -> None:
@@ -487,3 +490,23 @@ def test_train_shows_mfu_in_percent_and_memory_in_gib(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "MFU %" in text and "41" in text and "45" in text
     assert "0.41" not in text and "GiB" in text and " GB " not in text
+
+
+def test_an_fp32_trials_predicted_peak_grows_with_its_parts() -> None:
+    """A CPU (fp32) trial holds its weights, gradients and activations in 4 bytes: the
+    predicted peak grows by what its parts grow (it stayed at the 16-bit peak once the parts
+    were named in GiB)."""
+    from autoconfig.trainer.prediction import FP32_SCALE, as_fp32
+
+    parts = {k: 1.0 for k in FP32_SCALE if k.endswith("_gib")}
+    out = as_fp32(parts | {"pred_peak_mem_gib": 20.0}, "cpu-gloo")
+    grown = sum(out[k] - 1.0 for k in parts)
+    assert grown > 0 and out["pred_peak_mem_gib"] >= 20.0 + grown
+
+
+def test_plan_refuses_a_gpu_count_per_node_below_one() -> None:
+    result = run_cli(
+        "plan", "--model", "llama3-70b", "--tokens", "1e12", "--max-days", "30",
+        "--gpus-per-node", "0",
+    )  # fmt: skip
+    assert_user_error(result, "gpus-per-node")

@@ -225,12 +225,12 @@ def test_an_out_of_memory_trial_is_judged_by_the_prediction_of_the_run_as_launch
     # right about the run, the search's figure is for another framework's run.
     over = RunMetrics(status="oom", config={}, predicted={"pred_peak_mem_gib": 81.2})
     said = memory_verdict(search_says, over)
-    assert "81.20 GB, over the 79.60 GB limit" in said and "search's 55.00 GB" in said
+    assert "81.20 GiB, over the 79.60 GiB limit" in said and "search's 55.00 GiB" in said
     assert "verdict was wrong" not in said
     under = RunMetrics(status="oom", config={}, predicted={"pred_peak_mem_gib": 61.1})
-    assert "said it fits: 61.10 of 79.60 GB" in memory_verdict(search_says, under)
+    assert "said it fits: 61.10 of 79.60 GiB" in memory_verdict(search_says, under)
     # a run that left no prediction: the search's figure stands in
-    assert "said it fits: 55.00 of 79.60 GB" in memory_verdict(search_says, None)
+    assert "said it fits: 55.00 of 79.60 GiB" in memory_verdict(search_says, None)
     assert memory_verdict({}, under) == ""
     alone = memory_verdict({"mem_limit_gib": 79.6}, over)  # no search figure to set beside it
-    assert alone == " (the cost model put it at 81.20 GB, over the 79.60 GB limit)"
+    assert alone == " (the cost model put it at 81.20 GiB, over the 79.60 GiB limit)"

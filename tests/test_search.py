@@ -238,10 +238,12 @@ def test_interrupted_write_leaves_no_partial_files(tmp_path: Path, monkeypatch) 
 
     result = api.search("llama3-8b", 16)
 
-    def interrupted(src, dst):
+    def interrupted(path, target):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fileio.os, "replace", interrupted)
+    # Ctrl-C at the switch, after the new set is staged (the lock is taken by then: patching
+    # os.replace itself would interrupt taking the lock instead, tests/test_folder_lock.py)
+    monkeypatch.setattr(fileio, "_link", interrupted)
     with pytest.raises(KeyboardInterrupt):
         files.write_search(result, tmp_path / "run")
     run = tmp_path / "run"

@@ -34,7 +34,9 @@ from autoconfig.spec.vocab import GIB, Mlp
 # attention; Megatron GPT models train with dropout 0.1 (Megatron-LM arguments.py defaults
 # hidden_dropout/attention_dropout = 0.1), BLOOM with dropout 0 (BLOOM paper, Sec. 3.3); the
 # 2021-era Megatron and DeepSpeed stacks all-reduced gradients after the backward pass
-# (overlap_grad_reduce arrived with the distributed optimizer in Megatron-Core).
+# (overlap_grad_reduce arrived with the distributed optimizer in Megatron-Core). BLOOM trained
+# with DeepSpeed's BF16_Optimizer, fp32 gradient accumulation (its rows' notes: "ZeRO-1 (bf16
+# optimizer)"; written for BLOOM in 2022, it accumulated in fp32 before grad_accum_dtype).
 SOURCE_FACTS: dict[str, dict[str, str]] = {
     "Megatron-LM 2021 Table 1 (A100)": {
         "flash_attention": "n",
@@ -43,7 +45,12 @@ SOURCE_FACTS: dict[str, dict[str, str]] = {
     },
     "Korthikanti 2022": {"flash_attention": "n", "dropout": "y", "overlap_grad_reduce": "n"},
     "MT-NLG": {"flash_attention": "n", "dropout": "y", "overlap_grad_reduce": "n"},
-    "BLOOM": {"flash_attention": "n", "dropout": "n", "overlap_grad_reduce": "n"},
+    "BLOOM": {
+        "flash_attention": "n",
+        "dropout": "n",
+        "overlap_grad_reduce": "n",
+        "bf16_optimizer": "y",
+    },
 }
 
 # How Megatron-Bridge's recipes (megatron-bridge 0.3.1, megatron/bridge/recipes/) cut their

@@ -11,7 +11,7 @@ import typer
 from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
-from autoconfig.cli.options import OUT_FOLDER, claimed
+from autoconfig.cli.options import COUNT, OUT_FOLDER, claimed
 from autoconfig.layout_search import plan as planning
 from autoconfig.report import plan_view as plan_report
 from autoconfig.report import terminal
@@ -30,14 +30,18 @@ def plan(
     gpu_hour_usd: list[float] = typer.Option(
         None, help="USD per GPU-hour: one for all --gpu, or one per --gpu in order"
     ),
-    max_gpus: int = typer.Option(65536, help="largest GPU count to try"),
-    seq_len: int = typer.Option(None, help="sequence length (default: the model's)"),
+    max_gpus: int = typer.Option(65536, help="largest GPU count to try", callback=COUNT),
+    seq_len: int = typer.Option(
+        None, help="sequence length (default: the model's)", callback=COUNT
+    ),
     gbs: int = defaults.gbs(),
     precision: Precision = defaults.precision(),
     framework: Framework = defaults.framework(),
     max_memory_gib: float = defaults.max_memory_gib(),
     memory_headroom: float = defaults.memory_headroom(),
-    gpus_per_node: int = typer.Option(None, help="GPUs per node (default: the GPU's cluster)"),
+    gpus_per_node: int = typer.Option(
+        None, help="GPUs per node (default: the GPU's cluster)", callback=COUNT
+    ),
     out: Path = typer.Option(
         None,
         help="folder for plan.html (days and cost against GPUs), held for the whole plan as "

@@ -92,9 +92,11 @@ class Behaviour:
     # the per-parameter weights (read and written), every gradient into the reduce-scatter's
     # input in the reduction dtype (torch's fully_shard, _fsdp_collectives.py).
     fsdp_copies: Values = 0.0
-    # 1 where ZeRO 0/1 all-reduces the whole fp32 gradients and each rank then updates its
-    # shard and all-gathers it (DeepSpeed's BF16_Optimizer), not a reduce-scatter.
-    zero1_all_reduce: Values = 0.0
+    # 1 where a bf16 run at ZeRO 0/1 uses DeepSpeed's BF16_Optimizer: `bf16_pass_bytes` per
+    # parameter in every micro-batch into its own gradient copy, and a whole all-reduce of it
+    # before the sharded step instead of a reduce-scatter.
+    bf16_optimizer: Values = 0.0
+    bf16_pass_bytes: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

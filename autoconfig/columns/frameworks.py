@@ -149,9 +149,9 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         balanced_split=float(does.balances_by_hand),
         ends_split=float(does.counts_ends_as_layers),
         ends_split_to_interleave=float(counts_ends_to_interleave(fw)),
-        grad_pass_bytes=float(does.grad_accumulation_bytes.value)
-        + np.where(bf16_optimizer, float(does.bf16_grad_pass_bytes.value), 0.0),
-        zero1_all_reduce=np.where(bf16_optimizer, 1.0, 0.0),
+        grad_pass_bytes=float(does.grad_accumulation_bytes.value),
+        bf16_optimizer=np.where(bf16_optimizer, 1.0, 0.0),
+        bf16_pass_bytes=float(does.bf16_grad_pass_bytes.value),
         reduce_every_micro_batch=reduce_bits(does.grad_reduce_every_micro_batch.value),
         zero2_gathers_every_micro_batch=float(does.zero2_gathers_every_micro_batch.value),
         reduce_after_backward=reduce_bits(does.grad_reduce_after_backward.value),

@@ -153,8 +153,10 @@ class CostInputs:
     pipeline_reduce_after_backward: Col
     # 1 where FSDP's gathers and reduce-scatters copy on the compute stream (columns.Behaviour).
     fsdp_copies: Col
-    # 1 where ZeRO-1 all-reduces the whole gradients before the sharded step (Behaviour).
-    zero1_all_reduce: Col
+    # 1 where a bf16 run at ZeRO 0/1 uses DeepSpeed's BF16_Optimizer, and the bytes a parameter
+    # its gradient copy costs every micro-batch (Behaviour).
+    bf16_optimizer: Col
+    bf16_pass_bytes: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
     # Index of the row's chip in `kernels` (its measured GEMM and attention tables); -1 where
     # the chip has none and the profile's efficiency constants time those ops.
@@ -228,7 +230,8 @@ OPTIONAL_COLUMNS = {
     "reduce_after_backward": 0.0,
     "pipeline_reduce_after_backward": 0.0,
     "fsdp_copies": 0.0,
-    "zero1_all_reduce": 0.0,
+    "bf16_optimizer": 0.0,
+    "bf16_pass_bytes": 0.0,
     "etp": 1.0,
     "kernel_chip": -1.0,
 }

@@ -1,10 +1,9 @@
 """Measured kernel tables (GEMM, attention, NCCL) as pure arrays, and their vectorized lookups.
 
-autoconfig.columns.kernel_catalog reads them from the package; nothing here touches files. Every
-table is
-a quantity on a regular grid over its axes; a lookup interpolates log(value) multilinearly in
-log2(coordinate), since kernel throughput and collective time vary smoothly in log-log terms
-between the measured sizes, and clamps coordinates to the measured range.
+autoconfig.columns.kernel_catalog reads them from the package; nothing here touches files.
+Every table is a quantity on a regular grid over its axes; a lookup interpolates log(value)
+multilinearly in log2(coordinate), since kernel throughput and collective time vary smoothly
+in log-log terms between the measured sizes, and clamps coordinates to the measured range.
 """
 
 from __future__ import annotations

@@ -460,7 +460,8 @@ def _gradient_accumulation(x: CostInputs, p: StageParams, m: Col) -> Col:
     outside the weight-gradient GEMM (memory-bound): `grad_pass_bytes` per parameter in every
     micro-batch, `grad_accumulate_bytes` in every one but the first."""
     held = p.busiest_dense + p.busiest_expert
-    moved = m * x.grad_pass_bytes + np.maximum(m - 1.0, 0.0) * x.grad_accumulate_bytes
+    moved = m * (x.grad_pass_bytes + np.where(_bf16_optimizer(x), x.bf16_pass_bytes, 0.0))
+    moved = moved + np.maximum(m - 1.0, 0.0) * x.grad_accumulate_bytes
     return held * moved / (x.hbm_bytes_s * x.eff_memory)
 
 
@@ -525,6 +526,11 @@ def _fsdp_copies(x: CostInputs, p: StageParams, m: Col) -> Col:
     return np.where((x.fsdp_copies > 0) & resharding, copied * held / bandwidth, 0.0)
 
 
+def _bf16_optimizer(x: CostInputs) -> Col:
+    """Rows whose bf16 gradients go through DeepSpeed's BF16_Optimizer: ZeRO 0/1 only."""
+    return (x.bf16_optimizer > 0) & (x.zero < 2)
+
+
 def _data_parallel(
     x: CostInputs,
     p: StageParams,
@@ -569,7 +575,7 @@ def _data_parallel(
     zero0 = reductions * np.maximum(ar - window_b, 0.0)
     # DeepSpeed's BF16_Optimizer all-reduces the whole fp32 gradients under ZeRO-1, then each
     # rank updates its shard and all-gathers it (engine.buffered_allreduce_fallback).
-    reduce = np.where((x.zero1_all_reduce > 0) & (x.zero < 2), ar, rs)
+    reduce = np.where(_bf16_optimizer(x), ar, rs)
     zero12 = reductions * np.maximum(reduce - window_b, 0.0) + gathers
     # ZeRO-3: the same forward, and each layer's weights gathered again before its backward and
     # its gradients reduce-scattered after, one layer prefetched ahead.

@@ -15,6 +15,7 @@ from autoconfig.columns.build import Hardware, training_inputs
 from autoconfig.cost import evaluate
 from autoconfig.cost.inputs import busiest_rank_layers
 from autoconfig.layout_search.result import SearchRequest
+from autoconfig.layout_search.space import mlp_split_rule
 from autoconfig.spec import layout
 from autoconfig.spec.vocab import Recompute, ZeroStage
 
@@ -134,6 +135,9 @@ def parallel_fix(row: pd.Series, request: SearchRequest) -> list[str]:
         ok &= ~np.broadcast_to(bad, ok.shape)
     tp, pp, vp, cp = (frame[n].to_numpy() for n in ("tp", "pp", "vp", "cp"))
     ok &= (vp == 1) | (r.model.layers % (pp * vp) == 0)  # interleaving: equal chunks
+    widths = {"tp": frame["tp"].to_numpy(), "etp": frame["etp"].to_numpy()}
+    for _, bad in mlp_split_rule(widths, r.model):  # as the search and the trainer refuse
+        ok &= ~bad
     if not r.space.allow_tp_across_nodes:
         ok &= tp <= r.cluster.gpus_per_node
     ok &= (cp == 1) | (r.seq_len / cp >= r.space.min_tokens_per_cp_rank)

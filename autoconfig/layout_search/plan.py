@@ -1,9 +1,8 @@
 """Capacity planning: the fewest GPUs (and, of several GPU types, the cheapest) that train a
-model on a number of tokens within a deadline and/or a budget. Each GPU count is one
-search (`search.run`); counts are tried in geometric steps (below a node: 1, 2, 4, ...; then 1, 2,
-3,
-4, 6, 8, 12, ... nodes), then the gap below the first count that meets the goal is bisected
-over whole nodes."""
+model on a number of tokens within a deadline and/or a budget. Each GPU count is one search
+(layout_search/run.py); counts are tried in geometric steps (below a node: 1, 2, 4, ...; then
+1, 2, 3, 4, 6, 8, 12, ... nodes), then the gap below the first count that meets the goal is
+bisected over whole nodes."""
 
 from __future__ import annotations
 

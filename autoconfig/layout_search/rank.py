@@ -1,5 +1,5 @@
 """Evaluates candidates with the cost model, prunes them (memory, user constraints), orders
-them by the conservative end of their predicted throughput's spread (training/spread.py),
+them by the conservative end of their predicted throughput's spread (layout_search/spread.py),
 puts memory-risky near-ties below safe ones, flags near-ties and explains the winner."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ class SearchRequest:
     constraints: Constraints
     framework: FrameworkSpec
     flash_attention: bool = True
-    gbs_rule: str = ""  # where the batch came from (training/batch.py), printed with results
+    gbs_rule: str = ""  # where the batch came from (layout_search/batch.py), printed with results
 
 
 @dataclass

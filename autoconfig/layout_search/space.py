@@ -147,7 +147,7 @@ def enumerate_candidates(
         keep = _apply(
             [(f"{n}: {r}", bad) for n, r, bad in layout.rules(first)]
             + _structure_policies(s, layers, seq_len, space, count_ends)
-            + _split_widths(s, model),
+            + mlp_split_rule(s, model),
             per_structure,
             dropped,
         )
@@ -210,7 +210,7 @@ def _structure_policies(
     ]
 
 
-def _split_widths(s: dict[str, np.ndarray], model: ModelSpec) -> list[tuple[str, np.ndarray]]:
+def mlp_split_rule(s: dict[str, np.ndarray], model: ModelSpec) -> list[tuple[str, np.ndarray]]:
     """Tensor parallelism splits each MLP's width in equal shares: Megatron-LM asserts it
     (ffn_hidden_size divisible by tp, expert widths by etp) and torch's sharded matmuls
     cannot run unequal shares, so no framework, the bundled trainer included, runs the rest."""

@@ -51,14 +51,14 @@ def memory_verdict(attrs: dict, metrics: RunMetrics | None) -> str:
         return ""
     if pred <= cap:
         return (
-            f" (the cost model said it fits: {pred:.2f} of {cap:.2f} GB; "
+            f" (the cost model said it fits: {pred:.2f} of {cap:.2f} GiB; "
             "its memory verdict was wrong here)"
         )
     if own is None or searched is None:
-        return f" (the cost model put it at {pred:.2f} GB, over the {cap:.2f} GB limit)"
+        return f" (the cost model put it at {pred:.2f} GiB, over the {cap:.2f} GiB limit)"
     return (
-        f" (the cost model put the run as launched at {pred:.2f} GB, over the {cap:.2f} GB "
-        f"limit; the search's {searched:.2f} GB is for the framework it ranks for)"
+        f" (the cost model put the run as launched at {pred:.2f} GiB, over the {cap:.2f} GiB "
+        f"limit; the search's {searched:.2f} GiB is for the framework it ranks for)"
     )
 
 

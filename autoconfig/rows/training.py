@@ -384,6 +384,7 @@ BEHAVIOUR_FLAGS = {
     "sp_saves_gathered": "sp_saves_gathered",
     "balanced_pipeline": "balanced_split",
     "pipeline_ends_as_layers": "ends_split",
+    "bf16_optimizer": "bf16_optimizer",  # DeepSpeed's (ZeRO 0/1, bf16 only: the model checks)
 }
 # What "unknown" may stand for in a published row, resolved to the framework's best choice.
 RESOLVABLE = ("zero", "recompute", "sp", "vp", "etp")

@@ -644,10 +644,10 @@ class FrameworkBehaviour(_Spec):
     # per-parameter weights, each gradient into the reduce-scatter's input in the reduction
     # dtype (torch's fully_shard); flat-parameter designs gather and reduce in place
     fsdp_copies: Sourced = Sourced(value=False, source="gathered and reduced in place")
-    # bf16 runs at ZeRO 0/1 keep fp32 gradients of their own beside the bf16 ones: each
-    # micro-batch's bf16 gradients are converted and added into them (`bf16_grad_pass_bytes`
-    # per parameter, memory-bound), and the step all-reduces the whole fp32 gradients before
-    # each rank updates its shard (DeepSpeed's BF16_Optimizer)
+    # Whether bf16 runs at ZeRO 0/1 use DeepSpeed's BF16_Optimizer: a gradient copy of its own
+    # beside the bf16 one, into which each micro-batch's gradients are added
+    # (`bf16_grad_pass_bytes` per parameter, memory-bound), all-reduced whole before each rank
+    # updates its shard. A run states it in its `bf16_optimizer` column; this is the default.
     bf16_optimizer: Sourced = Sourced(
         value=False, source="bf16 gradients reduced as the ZeRO stage says, no fp32 copy"
     )

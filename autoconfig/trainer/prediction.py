@@ -195,7 +195,7 @@ def as_fp32(out: dict, profile: str) -> dict:
     for key, factor in FP32_SCALE.items():
         if key in scaled:
             scaled[key] = out[key] * factor
-    grown = sum(scaled[k] - out[k] for k in FP32_SCALE if k.endswith("_gb") and k in out)
+    grown = sum(scaled[k] - out[k] for k in FP32_SCALE if k.endswith("_gib") and k in out)
     if "pred_peak_mem_gib" in out:
         overhead = catalog.get_gpu(profile).efficiency.memory_overhead
         scaled["pred_peak_mem_gib"] = out["pred_peak_mem_gib"] + grown * (1.0 + overhead)
