@@ -510,3 +510,41 @@ def test_plan_refuses_a_gpu_count_per_node_below_one() -> None:
         "--gpus-per-node", "0",
     )  # fmt: skip
     assert_user_error(result, "gpus-per-node")
+
+
+def test_a_plain_search_into_a_measured_searchs_folder_is_refused(tmp_path) -> None:
+    """A plain `search --out D` replaced the report set of the measured search in D, whose
+    trials.csv and measured.csv links then pointed nowhere: refused, nothing touched."""
+    from autoconfig.measure.result import STUDY_FILE
+
+    (tmp_path / STUDY_FILE).write_bytes(b"")
+    (tmp_path / "trials.csv").write_text("trial\n1\n")
+    result = run_cli("search", "--model", "tiny-llama", "--gpus", "8", "--out", str(tmp_path))
+    assert_user_error(result, "out", STUDY_FILE, "--resume")
+    assert (tmp_path / "trials.csv").read_text() == "trial\n1\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([STUDY_FILE, "trials.csv"])
+
+
+def test_a_full_disk_is_one_line_and_keeps_what_was_written(tmp_path, monkeypatch) -> None:
+    """A full disk while writing the report set gave chained tracebacks: one line naming the
+    file and the cause, a non-zero exit, and the set written before stays whole."""
+    import errno
+
+    from autoconfig.base import fileio
+
+    out = tmp_path / "run"
+    first = run_cli("search", "--model", "tiny-llama", "--gpus", "8", "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    before = (out / "results.csv").read_text()
+
+    def full(folder, files):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "results.csv"))
+
+    monkeypatch.setattr(fileio, "write_set", full)
+    monkeypatch.setattr("autoconfig.report.files.write_set", full)
+    result = run_cli("search", "--model", "tiny-llama", "--gpus", "4", "--out", str(out))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr and "No space left on device" in lines[-1]
+    assert "results.csv" in lines[-1]
+    assert (out / "results.csv").read_text() == before

@@ -3,8 +3,10 @@ is one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
+import os
 import sys
 
 import typer
@@ -81,6 +83,18 @@ def execute(args: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A full disk is the machine's, not the input's: one line, and what was written
+        # before it (finished trials, the last whole report set) stays for --resume.
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(
+            f"error: {where}{os.strerror(exc.errno)}; files written before it are kept "
+            "(a measured search continues with --resume once there is space)",
+            file=sys.stderr,
+        )
+        return 1
     except typer.TyperException as exc:  # usage errors: unknown flag, bad number, ...
         if type(exc).__name__ == "NoArgsIsHelpError":
             return 0

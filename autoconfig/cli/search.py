@@ -28,6 +28,7 @@ from autoconfig.cli.options import (
 )
 from autoconfig.layout_search.result import SearchResult
 from autoconfig.layout_search.space import load_space
+from autoconfig.measure.result import STUDY_FILE
 from autoconfig.report import exports, files, terminal
 from autoconfig.spec import catalog, layout
 from autoconfig.spec.defaults import (
@@ -175,6 +176,13 @@ def search(
     opts = measure_options(locals(), cpu) if measure else None
     if opts is not None:
         _check_measure(opts)  # before the search: a bad trial option costs nothing
+    elif out is not None and (Path(out) / STUDY_FILE).exists():
+        # A plain search would replace the set that holds the measured search's trials.csv
+        # and measured.csv: what was measured stays the folder's until the user says otherwise.
+        raise UserError(
+            f"out: {out} holds a measured search ({STUDY_FILE}); add to it with --measure "
+            "--resume, or choose another --out"
+        )
     with claimed(out):
         print(f"searching {model} on {gpus} GPUs ...", file=sys.stderr)
         result = api.search(

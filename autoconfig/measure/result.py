@@ -10,6 +10,10 @@ import pandas as pd
 
 from autoconfig.spec.vocab import FailureClass
 
+# The measured search's Optuna storage in --out (here, not in study.py, so the CLI can tell a
+# folder that holds a measured search without loading Optuna)
+STUDY_FILE = "study.db"
+
 # How far a failed trial got, furthest first: the closest to working is the first of these.
 PROGRESS = (
     FailureClass.TIMEOUT,  # it ran, only too long

@@ -17,11 +17,11 @@ from sqlalchemy.exc import ArgumentError
 
 from autoconfig.base.errors import UserError
 from autoconfig.measure.candidates import Candidates
+from autoconfig.measure.result import STUDY_FILE  # the default storage, in --out
 from autoconfig.measure.sampler import CandidateSampler, taken_keys
 from autoconfig.spec import layout
 
 STUDY_NAME = "autoconfig"
-STUDY_FILE = "study.db"  # the default storage, in --out
 ENDED = "ended"  # study attribute: the last run finished its loop (not killed)
 
 
