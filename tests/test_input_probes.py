@@ -548,3 +548,18 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_written(tmp_path, monkeypatc
     assert "Traceback" not in result.stderr and "No space left on device" in lines[-1]
     assert "results.csv" in lines[-1]
     assert (out / "results.csv").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--model", "tiny-llama", "--device", "cpu", "--steps", "3"],
+        ["plan", "--model", "llama3-70b", "--tokens", "1e12", "--max-days", "30"],
+        ["estimate", "--model", "llama3-70b", "--gpus", "64", "--tp", "8"],
+    ],
+)
+def test_an_empty_out_is_refused_on_every_command(args, tmp_path, monkeypatch) -> None:
+    """`--out ''` reads as '.': plan wrote plan.html into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(run_cli(*args, "--out", ""), "out", "must not be empty")
+    assert list(tmp_path.iterdir()) == []

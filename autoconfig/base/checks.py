@@ -181,6 +181,8 @@ def output_folder(path: Path | str, field: str) -> Path:
 def output_file(path: Path | str, field: str) -> Path:
     """A file autoconfig may write whole: not a folder, not under a pseudo filesystem, and in a
     folder that exists or can be created and written. Creates nothing."""
+    if str(path) == "":  # Path('') would be '.': never a file anyone meant
+        raise UserError(f"{field}: must not be empty (give a file name)")
     path = path_name(path, field)
     if path.is_dir():
         raise UserError(f"{field}: '{path}' is a folder; give a file name")

@@ -89,6 +89,7 @@ def estimate(
         help="CSV file to write: with --runs the predictions of every row; without, this "
         "estimate as one row (its layout, predictions and breakdowns), written even when it "
         "does not fit",
+        parser=str,  # the text as typed: Path('') would read as '.', hiding an empty --out
         callback=OUT_FILE,
     ),
 ) -> None:

@@ -46,6 +46,7 @@ def plan(
         None,
         help="folder for plan.html (days and cost against GPUs), held for the whole plan as "
         "search holds its --out",
+        parser=str,  # the text as typed: Path('') would read as '.', hiding an empty --out
         callback=OUT_FOLDER,
     ),
 ) -> None:

@@ -64,7 +64,10 @@ def train(
     ),
     nproc: int = typer.Option(None, hidden=True, help="the old name of --gpus", callback=COUNT),
     out: Path = typer.Option(
-        None, help="run folder (default runs/train-<time>)", callback=OUT_FOLDER
+        None,
+        help="run folder (default runs/train-<time>)",
+        parser=str,  # the text as typed: Path('') would read as '.', hiding an empty --out
+        callback=OUT_FOLDER,
     ),
 ) -> None:
     """Run the bundled trainer for a few steps and write metrics.json."""
