@@ -10,6 +10,8 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 from hypothesis import settings
@@ -77,6 +79,31 @@ def run_cli_process(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+HOLD = """
+import sys, time
+from autoconfig.base.folderlock import folder_lock
+with folder_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+@contextlib.contextmanager
+def held_elsewhere(folder: Path) -> Iterator[subprocess.Popen[str]]:
+    """`folder` held by another process's folder lock for the duration (its Popen yielded, so
+    a test can name its pid); killed after, which releases the lock as a crash would."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    other = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "held"
+        yield other
+    finally:
+        other.kill()
+        other.wait()
 
 
 def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:

@@ -6,23 +6,13 @@ tests/test_probes.py.)"""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from helpers import held_elsewhere
 
 from autoconfig.base.errors import UserError
 from autoconfig.base.folderlock import LOCK_NAME, MUTEX_NAME, folder_lock, holder
-
-HOLD = """
-import sys, time
-from autoconfig.base.folderlock import folder_lock
-with folder_lock(sys.argv[1]):
-    print("held", flush=True)
-    time.sleep(120)
-"""
 
 
 def test_a_folder_held_through_filelock_is_refused_naming_the_flag(tmp_path) -> None:
@@ -42,19 +32,11 @@ def test_a_folder_held_through_filelock_is_refused_naming_the_flag(tmp_path) -> 
 
 def test_contenders_never_erase_the_holders_record(tmp_path) -> None:
     out = tmp_path / "busy"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    other = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert other.stdout.readline().strip() == "held"
+    with held_elsewhere(out) as other:
         for _ in range(3):  # each try opens the lock file; none may truncate what it names
             with pytest.raises(UserError, match=f"pid {other.pid} on "), folder_lock(out):
                 pass
         assert holder(out)["pid"] == other.pid
-    finally:
-        other.kill()
-        other.wait()
     with folder_lock(out):  # the kernel released the dead holder's lock
         pass
 

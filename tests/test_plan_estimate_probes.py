@@ -12,13 +12,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import assert_user_error, run_cli
+from helpers import assert_user_error, held_elsewhere, run_cli
 from rich.console import Console
 
 from autoconfig.layout_search import plan as planning
@@ -324,23 +323,8 @@ def test_plan_out_held_by_another_run_is_refused_before_planning(
     tmp_path: Path, no_planning
 ) -> None:
     folder = tmp_path / "held"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time\nfrom autoconfig.base.folderlock import folder_lock\n"
-            "with folder_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)",
-            str(folder),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_elsewhere(folder):
         assert_user_error(run_cli(*PLAN, "--out", str(folder)), "out", "in use")
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 # -- 8. the ranking is monotone in what it names -----------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+from helpers import held_elsewhere
 
 from autoconfig.base import fileio
 from autoconfig.base.errors import UserError
@@ -201,29 +202,13 @@ def test_storage_passwords_are_never_echoed(capsys, tmp_path) -> None:
 
 # -- the output folder's lock --------------------------------------------------------------
 
-HOLD = """
-import sys, time
-from autoconfig.base.folderlock import folder_lock
-with folder_lock(sys.argv[1]):
-    print("held", flush=True)
-    time.sleep(120)
-"""
-
 
 def test_a_second_search_on_a_held_folder_is_one_line(capsys, tmp_path) -> None:
     out = tmp_path / "busy"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    other = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert other.stdout.readline().strip() == "held"
+    with held_elsewhere(out) as other:
         line = refused(capsys, [*MEASURE, "--out", str(out)], "out:", "in use by another")
         assert f"pid {other.pid}" in line
         assert not (out / "study.db").exists()
-    finally:
-        other.kill()
-        other.wait()
 
 
 def test_a_stale_lock_is_taken_over_with_a_note(capsys, tmp_path) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import assert_user_error, run_cli
+from helpers import assert_user_error, held_elsewhere, run_cli
 
 from autoconfig import api
 from autoconfig.base.checks import MAX_TEXT_BYTES
@@ -311,27 +309,11 @@ def test_simulation_time_grows_linearly_with_the_requests() -> None:
 
 # -- 8. one run at a time holds --out -----------------------------------------------------------
 
-HOLD = """
-import sys, time
-from autoconfig.base.folderlock import folder_lock
-with folder_lock(sys.argv[1]):
-    print("held", flush=True)
-    time.sleep(120)
-"""
-
 
 def test_second_infer_into_a_held_folder_is_refused(tmp_path) -> None:
     out = tmp_path / "serve"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    other = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert other.stdout.readline().strip() == "held"
+    with held_elsewhere(out):
         result = run_cli(*COLOCATED, "--out", str(out))
-    finally:
-        other.kill()
-        other.wait()
     assert_user_error(result, "out", "in use")
     assert result.stdout == ""  # refused before the search, not when writing after it
     assert not (out / "results.csv").exists()

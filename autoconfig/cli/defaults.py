@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from autoconfig.cli.options import AMOUNT, COUNT, FRACTION, framework_named
+from autoconfig.cli.options import AMOUNT, COUNT, FRACTION, MEASURE, framework_named
 from autoconfig.spec import defaults, layout
 from autoconfig.spec.vocab import Framework, Precision, Recompute
 
@@ -120,3 +120,14 @@ def announce(ctx: typer.Context, values: dict[str, object]) -> None:
     ]
     if used:
         print(f"defaults (a flag changes each): {', '.join(used)}", file=sys.stderr)
+
+
+def trial_memory_gib() -> float:
+    return typer.Option(
+        None,
+        "--trial-memory-gib",
+        "--trial-memory-gb",  # the name before GiB was named GiB
+        help="per-rank memory cap of each trial, GiB",
+        rich_help_panel=MEASURE,
+        callback=AMOUNT,
+    )

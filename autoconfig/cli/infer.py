@@ -168,14 +168,7 @@ def infer(
     ),
     trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE, callback=AMOUNT),
     budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE, callback=AMOUNT),
-    trial_memory_gib: float = typer.Option(
-        None,
-        "--trial-memory-gib",
-        "--trial-memory-gb",  # the name before GiB was named GiB
-        help="per-rank memory cap of each trial, GiB",
-        rich_help_panel=MEASURE,
-        callback=AMOUNT,
-    ),
+    trial_memory_gib: float = defaults.trial_memory_gib(),
     storage: str = typer.Option(None, rich_help_panel=MEASURE),
     resume: bool = typer.Option(False, rich_help_panel=MEASURE),
     seed: int = typer.Option(0, rich_help_panel=MEASURE, callback=SEED),

@@ -122,14 +122,7 @@ def search(
     ),
     trial_timeout_min: float = typer.Option(15.0, rich_help_panel=MEASURE, callback=AMOUNT),
     budget_gpu_hours: float = typer.Option(None, rich_help_panel=MEASURE, callback=AMOUNT),
-    trial_memory_gib: float = typer.Option(
-        None,
-        "--trial-memory-gib",
-        "--trial-memory-gb",  # the name before GiB was named GiB
-        help="per-rank memory cap of each trial, GiB",
-        rich_help_panel=MEASURE,
-        callback=AMOUNT,
-    ),
+    trial_memory_gib: float = defaults.trial_memory_gib(),
     capacity_factor: float = typer.Option(
         None,
         help="MoE trials: tokens an expert takes, as a multiple of its even share (default: all)",
