@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from autoconfig.layout_search import spread
 from autoconfig.layout_search.advice import closest_fix, parallel_fix
-from autoconfig.layout_search.rank import POINT, RANK_BY, SPREAD
+from autoconfig.layout_search.rank import RANK_BY, with_spread
 from autoconfig.layout_search.result import SearchRequest, SearchResult
 from autoconfig.spec import layout
 
@@ -97,13 +96,8 @@ def compare(mine: pd.Series, result: SearchResult, top: int = 2) -> Comparison:
 def _with_spread(mine: pd.Series, result: SearchResult) -> pd.Series:
     """`mine` with the conservative and optimistic estimates the ranking gives a layout
     (rank.SPREAD over its regimes), so that it is placed and shown by the ranking's quantity."""
-    row = mine.copy()
-    frame = pd.DataFrame([row])
-    per_node = float(result.request.cluster.gpus_per_node)
-    low, high, by = SPREAD.band(frame[POINT], spread.regimes(frame, per_node))
-    row[RANK_BY], row["pred_tokens_per_s_per_gpu_high"] = float(low.iloc[0]), float(high.iloc[0])
-    row["spread_regime"] = by.iloc[0]
-    return row
+    frame = with_spread(pd.DataFrame([mine.copy()]), result.request.cluster.gpus_per_node)
+    return frame.iloc[0]
 
 
 def fit_advice(mine: pd.Series, request: SearchRequest) -> list[str]:

@@ -96,6 +96,15 @@ class Constraints:
     memory_headroom: float = 0.0  # fraction of capacity kept free
 
 
+def with_spread(out: pd.DataFrame, gpus_per_node: object) -> pd.DataFrame:
+    """`out` with each layout's conservative (RANK_BY) and optimistic estimates and its error
+    regime: SPREAD over the regimes its layout falls in."""
+    per_node = np.broadcast_to(np.asarray(gpus_per_node, float), (len(out),))
+    low, high, by = SPREAD.band(out[POINT], spread.regimes(out, per_node))
+    out[RANK_BY], out["pred_tokens_per_s_per_gpu_high"], out["spread_regime"] = low, high, by
+    return out
+
+
 def rank(layouts: pd.DataFrame, inputs: CostInputs, constraints: Constraints) -> pd.DataFrame:
     """Predictions for every layout with their spread (`pred_tokens_per_s_per_gpu_low` /
     `_high`, the regime that set the low end in `spread_regime`) and `memory_risk`, a
@@ -133,8 +142,7 @@ def rank(layouts: pd.DataFrame, inputs: CostInputs, constraints: Constraints) ->
     )
     out["pruned"] = pruned
     per_node = np.broadcast_to(np.asarray(inputs.gpus_per_node, float), (len(out),))
-    low, high, by = SPREAD.band(out[POINT], spread.regimes(out, per_node))
-    out[RANK_BY], out["pred_tokens_per_s_per_gpu_high"], out["spread_regime"] = low, high, by
+    out = with_spread(out, per_node)
     # against the GPU's capacity, not the user's limit: the risk is running out of HBM
     out["memory_risk"] = SPREAD.memory_risk(out["pred_peak_mem_gib"], out["mem_capacity_gib"])
     feasible = pruned == ""
