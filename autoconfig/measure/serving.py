@@ -12,20 +12,53 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from autoconfig.base.errors import UserError
-from autoconfig.measure import session
+from autoconfig.measure import session, summary
 from autoconfig.measure.candidates import Candidates, with_grid_order
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.measure.session import MeasureOptions
+from autoconfig.serve.request import Request
 from autoconfig.serve.result import ServingResult
 from autoconfig.spec import layout
 from autoconfig.spec.schema import ModelSpec
+from autoconfig.spec.vocab import FailureClass
 from autoconfig.trainer.config import TrainConfig, make_config
 from autoconfig.trainer.serve_loop import LOAD_ENV, ServeLoad
 
 PERCENTILES = (50, 90, 99)
+METRICS = ("ttft", "tpot", "latency")
+# A trial that ran and was measured, whose measured TTFT, TPOT or latency misses the limits.
+# Not a FailureClass: the run itself succeeded (the study keeps it "ok", so --resume does not
+# run it again); it is the serving search's verdict on what the run measured.
+MISSED_SLO = "missed_slo"
+
+
+@dataclass
+class MeasuredServing(MeasuredSearch):
+    """A measured serving search: the trials that missed the limits counted as their own
+    class, and named when no trial met them."""
+
+    def counts(self) -> dict[str, int]:
+        out = super().counts()
+        missed = int((self.trials["class"] == MISSED_SLO).sum()) if len(self.trials) else 0
+        if missed:
+            out[MISSED_SLO] = missed
+        return out
+
+    def diagnosis(self) -> list[str]:
+        lines = super().diagnosis()
+        missed = self.trials[self.trials["class"] == MISSED_SLO] if len(self.trials) else None
+        if lines and missed is not None and len(missed):
+            reason = str(missed["reason"].iloc[0])[:200]
+            lines.insert(
+                1,
+                f"  {MISSED_SLO} ({len(missed)}): {reason}; the predictions met the limits, the "
+                "measurements did not: compare measured and predicted in trials.csv",
+            )
+        return lines
 
 
 @dataclass
@@ -133,7 +166,7 @@ def build_continuous(
                 "pred_tpot_ms": float(r[f"tpot_{p}_ms"]),
                 **{
                     f"pred_{m}_p{q}_ms": float(r[f"{m}_p{q}_ms"])
-                    for m in ("ttft", "tpot")
+                    for m in METRICS
                     for q in PERCENTILES
                 },
                 "rate": rate,
@@ -197,22 +230,88 @@ def run(
     if req.batching == "continuous":
         fingerprint |= {"workload": req.workload.describe() if req.workload else ""}
     try:
-        trials, ranking, study = session.measure(
+        trials, _, study = session.measure(
             cands, opts, settings, device, fingerprint, "serving points"
         )
     finally:
         os.environ.pop(LOAD_ENV, None)
-    return MeasuredSearch(_with_percentiles(_with_phases(trials, study), cands.table), ranking)
+    trials = _with_slo(_with_percentiles(_with_phases(trials, study), cands.table), req)
+    return MeasuredServing(trials, _met_first(summary.ranking(cands, trials)))
 
 
 def _with_phases(trials: pd.DataFrame, study) -> pd.DataFrame:
-    """Measured and predicted TTFT/TPOT beside the throughput of each trial."""
+    """Measured and predicted TTFT/TPOT (and a static batch's measured latency, its
+    generation's time) beside the throughput of each trial."""
     if trials.empty:
         return trials
     by_number = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
-    for col in ("measured_ttft_ms", "measured_tpot_ms", "pred_ttft_ms", "pred_tpot_ms"):
+    for col in (
+        "measured_ttft_ms",
+        "measured_tpot_ms",
+        "measured_step_time_s",
+        "pred_ttft_ms",
+        "pred_tpot_ms",
+    ):
         trials[col] = trials["trial"].map(lambda n, c=col: by_number.get(n, {}).get(c))
     return trials
+
+
+def _measured(trial: pd.Series, metric: str, percentile: float) -> float:
+    """A trial's measured metric in ms at the percentile of the limits (nan: not measured).
+    A continuous-batching trial reports p50/p90/p99; another percentile is interpolated
+    between them (held at the ends). A static batch's figures are its generations' median:
+    every sequence of a batch shares them, so they stand for every percentile."""
+    if f"measured_{metric}_p50_ms" in trial.index:  # continuous batching
+        measured = np.array([trial[f"measured_{metric}_p{q}_ms"] for q in PERCENTILES], float)
+        if np.isnan(measured).any():
+            return np.nan
+        return float(np.interp(percentile, PERCENTILES, measured))
+    if metric == "latency":
+        step = trial.get("measured_step_time_s")
+        return np.nan if step is None or pd.isna(step) else 1e3 * float(step)
+    value = trial.get(f"measured_{metric}_ms")
+    return np.nan if value is None or pd.isna(value) else float(value)
+
+
+def slo_misses(trial: pd.Series, req: Request) -> list[str]:
+    """Each limit the trial's measured figures miss at the request's percentile, in words."""
+    b = req.budget
+    # a static batch's sequences share their figures: no percentile to name
+    p = "" if req.batching == "static" else f" p{req.percentile:g}"
+    found = []
+    for metric, label, limit in (
+        ("ttft", "TTFT", b.max_ttft_ms),
+        ("tpot", "TPOT", b.max_tpot_ms),
+        ("latency", "latency", b.max_latency_ms),
+    ):
+        value = _measured(trial, metric, req.percentile)
+        if limit is not None and value > limit:  # nan: not measured, no verdict
+            found.append(f"measured {label}{p} {value:,.1f} ms > {limit:,g} ms")
+    return found
+
+
+def _with_slo(trials: pd.DataFrame, req: Request) -> pd.DataFrame:
+    """Trials that ran but whose measured percentiles miss the limits: class MISSED_SLO, the
+    misses as the reason."""
+    if trials.empty:
+        return trials
+    for i, trial in trials[trials["class"] == FailureClass.OK.value].iterrows():
+        misses = slo_misses(trial, req)
+        if misses:
+            trials.loc[i, "class"] = MISSED_SLO
+            trials.loc[i, "reason"] = "; ".join(misses)
+    return trials
+
+
+def _met_first(ranking: pd.DataFrame) -> pd.DataFrame:
+    """The ranking with the deployments measured beyond the limits below every other that
+    did not fail (they do not deliver what was asked, whatever their throughput), renumbered."""
+    failed = ranking["class"].isin([c.value for c in FailureClass if c.failed])
+    missed = ranking["class"] == MISSED_SLO
+    order = np.select([failed.to_numpy(), missed.to_numpy()], [2, 1], 0)
+    out = ranking.assign(_order=order).sort_values("_order", kind="stable").drop(columns="_order")
+    out["rank"] = range(1, len(out) + 1)
+    return out.reset_index(drop=True)
 
 
 def _with_percentiles(trials: pd.DataFrame, candidates: pd.DataFrame) -> pd.DataFrame:
@@ -221,7 +320,7 @@ def _with_percentiles(trials: pd.DataFrame, candidates: pd.DataFrame) -> pd.Data
     if trials.empty or "pred_ttft_p90_ms" not in candidates:
         return trials
     by_key = candidates.set_index("key")
-    for m in ("ttft", "tpot"):
+    for m in METRICS:
         for q in PERCENTILES:
             column = f"pred_{m}_p{q}_ms"
             trials[column] = trials["key"].map(by_key[column])
@@ -234,7 +333,7 @@ def _with_percentiles(trials: pd.DataFrame, candidates: pd.DataFrame) -> pd.Data
         serve = json.loads(result.read_text()).get("serve")
         if not serve:
             continue
-        for m in ("ttft", "tpot"):
+        for m in METRICS:
             for q in PERCENTILES:
-                trials.loc[i, f"measured_{m}_p{q}_ms"] = serve[f"{m}_p{q}_ms"]
+                trials.loc[i, f"measured_{m}_p{q}_ms"] = serve.get(f"{m}_p{q}_ms", np.nan)
     return trials

@@ -17,7 +17,7 @@ from autoconfig.base import resources
 from autoconfig.base.fileio import csv_text
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.report.files import json_text, measured_files, plain_row, write_report
-from autoconfig.report.html import STYLE, _table
+from autoconfig.report.html import STYLE, _table, inline_plotly
 from autoconfig.serve.result import ServingResult
 from autoconfig.serve.search import pareto_front
 
@@ -26,6 +26,19 @@ QUANTISATION_CAVEAT = (
     "accuracy: fp8 / nvfp4 / int8 / int4 weights and fp8 K/V trade some model quality for "
     "speed; check your task's quality on the quantised checkpoint before deploying it"
 )
+LADDER_TOP_NOTE = (
+    "≥: the limits held at every rate simulated, up to the steady-state maximum (or, for "
+    "disaggregated pools, the highest rate tried): the goodput is at least this"
+)
+# The weight and K/V formats the caveat is about: those below 16 bits.
+QUANTISED = frozenset({"fp8", "nvfp4", "int8", "int4"})
+
+
+def quantised(rows: pd.DataFrame) -> bool:
+    """Whether any of the deployments shown holds a quantised weight or K/V format (the
+    prefill pool of a disaggregated one included)."""
+    columns = [c for c in ("precision", "kv_precision", "prefill_precision") if c in rows]
+    return any(str(v) in QUANTISED for c in columns for v in rows[c].dropna())
 
 
 def accuracy_note() -> str:
@@ -82,6 +95,11 @@ def continuous_cells(row: pd.Series, percentile: float) -> dict[str, str]:
     def ms(value: object) -> str:
         return "-" if pd.isna(value) else ("never" if value == float("inf") else f"{value:,.0f}")
 
+    def goodput(value: object, fmt: str) -> str:
+        # met the limits at the highest rate tried: the deployment takes at least this much
+        bound = "≥ " if bool(row.get("goodput_at_ladder_top", False)) else ""
+        return "-" if pd.isna(value) else f"{bound}{value:{fmt}}"
+
     if row.get("mode") == "disaggregated":
         prefill = f"tp{int(row['prefill_tp'])} pp{int(row['prefill_pp'])}"
         layout = (
@@ -97,8 +115,8 @@ def continuous_cells(row: pd.Series, percentile: float) -> dict[str, str]:
         "precision": f"{row['precision']}/{row['kv_precision']}",
         "max seqs per replica": str(int(row["max_num_seqs"])),
         "max tokens per iteration": str(int(row["max_num_batched_tokens"])),
-        "goodput req/s total": f"{row['goodput_rps']:,.2f}",
-        "goodput req/s/GPU": f"{row['goodput_rps_per_gpu']:,.3f}",
+        "goodput req/s total": goodput(row["goodput_rps"], ",.2f"),
+        "goodput req/s/GPU": goodput(row["goodput_rps_per_gpu"], ",.3f"),
         "at req/s total": "-" if pd.isna(row["rate_rps"]) else f"{row['rate_rps']:,.2f}",
         f"TTFT {p} ms": ms(row.get(f"ttft_{p}_ms")),
         f"TPOT {p} ms": "-" if pd.isna(row.get(f"tpot_{p}_ms")) else f"{row[f'tpot_{p}_ms']:,.1f}",
@@ -175,8 +193,8 @@ def terminal_view(result: ServingResult, top: int) -> Group:
             f"at a ladder of request rates, {a['feasible']:,} meet the limits",
             f"serving constants: {a['constants']}",
         ]
-        if any(str(p) in ("fp8", "nvfp4", "int8", "int4") for p in rows["precision"]):
-            lines.append(QUANTISATION_CAVEAT)
+        if rows.get("goodput_at_ladder_top", pd.Series(dtype=bool)).astype(bool).any():
+            lines.append(LADDER_TOP_NOTE)
     else:
         fits = int(out["pred_fits"].astype(bool).sum())
         lines = [
@@ -185,6 +203,8 @@ def terminal_view(result: ServingResult, top: int) -> Group:
             "tokens/s/GPU",
             f"serving constants: {a['constants']}",
         ]
+    if quantised(rows):
+        lines.append(QUANTISATION_CAVEAT)
     if not a["feasible"]:
         lines.insert(0, f"nothing meets the budget; closest: {a['closest']}")
     return Group(table, *lines)
@@ -350,7 +370,8 @@ def render(result: ServingResult, top: int = 15, trials: pd.DataFrame | None = N
         "meet the budget": f"{a['feasible']:,}",
         "serving constants": a["constants"],
     }
-    rows = [list(row_cells(r).values()) for _, r in _shown(result, top).iterrows()]
+    shown = _shown(result, top)
+    rows = [list(row_cells(r).values()) for _, r in shown.iterrows()]
     head = list(row_cells(out.iloc[0]).keys())
     parts = [
         f"<h1>autoconfig serving: {html.escape(a['model'])} on {a['gpus']} GPUs</h1>",
@@ -359,6 +380,8 @@ def render(result: ServingResult, top: int = 15, trials: pd.DataFrame | None = N
         + "</table>",
         f"<p class='note'>{html.escape(accuracy_note())}</p>",
     ]
+    if quantised(shown):
+        parts.append(f"<p class='note'>{html.escape(QUANTISATION_CAVEAT)}</p>")
     if not a["feasible"]:
         parts.append(
             f"<p><b>Nothing meets the budget.</b> Closest: {html.escape(a['closest'])}</p>"
@@ -366,10 +389,22 @@ def render(result: ServingResult, top: int = 15, trials: pd.DataFrame | None = N
     parts.append("<h2>Configurations</h2>" + _table("top", head, rows))
     if trials is not None and len(trials):
         parts.append(_measured_section(trials))
-    parts.append(pio.to_html(_pareto_figure(result), include_plotlyjs=True, full_html=False))
+    parts.append(_figure_html(_pareto_figure(result), 0))
+    return _page(str(a["model"]), parts)
+
+
+def _figure_html(fig: go.Figure, index: int) -> str:
+    """A figure's div and drawing call; plotly.js itself is in the page's head, once."""
+    return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"plot{index}")
+
+
+def _page(model: str, parts: list[str]) -> str:
+    """The page, with the search report's basic plotly.js bundle (scatter traces, a quarter of
+    the full library) embedded once in its head, so it draws offline and stays small."""
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig serving "
-        f"{html.escape(a['model'])}</title><style>{STYLE}</style></head><body>"
+        f"{html.escape(model)}</title><style>{STYLE}</style>"
+        f"<script type='text/javascript'>{inline_plotly()}</script></head><body>"
         + "\n".join(parts)
         + "</body></html>"
     )
@@ -391,7 +426,8 @@ def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | N
         "meet the limits": f"{a['feasible']:,}",
         "serving constants": a["constants"],
     }
-    rows = [list(row_cells(r, percentile).values()) for _, r in _shown(result, top).iterrows()]
+    shown = _shown(result, top)
+    rows = [list(row_cells(r, percentile).values()) for _, r in shown.iterrows()]
     head = list(row_cells(result.table.iloc[0], percentile).keys())
     parts = [
         f"<h1>autoconfig serving: {html.escape(a['model'])} on {a['gpus']} GPUs</h1>",
@@ -399,31 +435,32 @@ def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | N
         + "".join(f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in inputs.items())
         + "</table>",
         f"<p class='note'>{html.escape(accuracy_note())}</p>",
-        f"<p class='note'>{html.escape(QUANTISATION_CAVEAT)}</p>",
     ]
+    if quantised(shown):
+        parts.append(f"<p class='note'>{html.escape(QUANTISATION_CAVEAT)}</p>")
     if not a["feasible"]:
         parts.append(
             f"<p><b>Nothing meets the limits.</b> Closest: {html.escape(a['closest'])}</p>"
         )
     parts.append("<h2>Deployments</h2>" + _table("top", head, rows))
+    if shown.get("goodput_at_ladder_top", pd.Series(dtype=bool)).astype(bool).any():
+        parts.append(f"<p class='note'>{html.escape(LADDER_TOP_NOTE)}</p>")
     if trials is not None and len(trials):
         parts.append(_measured_section(trials))
-    parts.append(pio.to_html(_goodput_figure(result), include_plotlyjs=True, full_html=False))
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>autoconfig serving "
-        f"{html.escape(a['model'])}</title><style>{STYLE}</style></head><body>"
-        + "\n".join(parts)
-        + "</body></html>"
-    )
+    parts.append(_figure_html(_goodput_figure(result), 0))
+    return _page(str(a["model"]), parts)
 
 
 def write(result: ServingResult, folder: Path, measured: MeasuredSearch | None = None) -> None:
     """results.csv (every candidate), best.json and report.html; with a measured search also
     trials.csv (every trial) and measured.csv (measured where measured, else predicted)."""
     trials = measured.trials if measured is not None else None
+    best: dict[str, object] = {"inputs": result.context(), "best": plain_row(result.best)}
+    if measured is not None:  # the trials by class, as the search's best.json has them
+        best["measured"] = measured.summary()
     files = {
         "results.csv": csv_text(result.table),
-        "best.json": json_text({"inputs": result.context(), "best": plain_row(result.best)}),
+        "best.json": json_text(best),
         "report.html": render(result, trials=trials),
     }
     if measured is not None:

@@ -45,14 +45,15 @@ def launch_flags(result: ServingResult, engine: Engine) -> str:
         return ""
     req = result.request
     model = f"MODEL_PATH  # {result.model.name}"
-    share = memory_share(row, result.gpu.memory_gib, req.kv_fraction)
     header = (
         f"# {engine.value}: {result.model.name} on {req.gpus} x {result.gpu.name}, as predicted"
     )
     if row.get("mode") == "disaggregated":
-        return "\n".join([header, *_disaggregated(row, engine, model, share)])
+        servers = _disaggregated(row, engine, model, result.gpu.memory_gib, req.kv_fraction)
+        return "\n".join([header, *servers])
+    share = memory_share(row, result.gpu.memory_gib, req.kv_fraction)
     replicas = int(row["replicas"])
-    lines = [header, _command(engine, row, model, share, replicas)]
+    lines = [header, _command(engine, row, model, share, req.kv_fraction, replicas)]
     if replicas > 1 and engine is Engine.TRTLLM:
         lines.append(
             f"# run {replicas} such servers, one per {_gpus(row)} GPUs, behind a load balancer"
@@ -64,7 +65,12 @@ def _gpus(row: pd.Series) -> int:
     return int(row["tp"]) * int(row["pp"])
 
 
-def _command(engine: Engine, row: pd.Series, model: str, share: float, replicas: int) -> str:
+def _command(
+    engine: Engine, row: pd.Series, model: str, share: float, kv_fraction: float, replicas: int
+) -> str:
+    """One server's command line. `share` is the memory share of vLLM and SGLang; TensorRT-LLM
+    takes the K/V share of the free memory itself, `kv_fraction` (the request's, not the
+    row's: a disaggregated row has no column of its own for it)."""
     tp, pp, ep = int(row["tp"]), int(row["pp"]), int(row.get("ep", 1))
     seqs, tokens = int(row["max_num_seqs"]), int(row["max_num_batched_tokens"])
     weights, kv = str(row["precision"]), str(row["kv_precision"])
@@ -108,7 +114,7 @@ def _command(engine: Engine, row: pd.Series, model: str, share: float, replicas:
             *([f"--ep_size {ep}"] if ep > 1 else []),
             f"--max_batch_size {seqs}",
             f"--max_num_tokens {tokens}",
-            f"--kv_cache_free_gpu_memory_fraction {row.get('kv_fraction', 0.9)}",
+            f"--kv_cache_free_gpu_memory_fraction {kv_fraction:g}",
             "--extra_llm_api_options extra.yaml",
         ]
         quant = None
@@ -132,19 +138,26 @@ def _command(engine: Engine, row: pd.Series, model: str, share: float, replicas:
     return "\n".join([*lines, body])
 
 
-def _disaggregated(row: pd.Series, engine: Engine, model: str, share: float) -> list[str]:
-    """The prefill and decode servers of a disaggregated deployment."""
+def _disaggregated(
+    row: pd.Series, engine: Engine, model: str, capacity_gib: float, kv_fraction: float
+) -> list[str]:
+    """The prefill and decode servers of a disaggregated deployment, each with the settings
+    its pool was simulated with (its own layout, batch and token limits, K/V cache)."""
     prefill = row.copy()
     prefill["tp"], prefill["pp"] = row["prefill_tp"], row["prefill_pp"]
+    prefill["ep"] = row["prefill_ep"]
     prefill["precision"] = row["prefill_precision"]
+    prefill["max_num_seqs"] = row["prefill_max_num_seqs"]
     prefill["max_num_batched_tokens"] = row["prefill_max_num_batched_tokens"]
+    prefill["kv_cache_gib"] = row["prefill_kv_cache_gib"]
     roles = (
         ("prefill", prefill, int(row["prefill_replicas"])),
         ("decode", row, int(row["replicas"])),
     )
     lines = []
     for role, r, count in roles:
-        command = _command(engine, r, model, share, 1)
+        share = memory_share(r, capacity_gib, kv_fraction)
+        command = _command(engine, r, model, share, kv_fraction, 1)
         if engine is Engine.VLLM:
             command += (
                 " \\\n    --kv-transfer-config "

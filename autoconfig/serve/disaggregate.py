@@ -89,6 +89,8 @@ def disaggregated(
     dec["meets"] &= dec[f"tpot_{p}_ms"] <= 1e3 * slo.tpot_s
     pre_best, dec_best = best_rates(pre)["met"].dropna(), best_rates(dec)["met"].dropna()
 
+    # A pool whose every rate met its limit: its goodput is only a bound under what it takes.
+    top = max_rate * ladder[-1]
     rows = []
     for i, g_p in pre_best.items():
         for j, g_d in dec_best.items():
@@ -98,9 +100,20 @@ def disaggregated(
             x, y, goodput = plan
             at_p = pre[(pre["candidate"] == i) & np.isclose(pre["rate"], g_p)].iloc[0]
             at_d = dec[(dec["candidate"] == j) & np.isclose(dec["rate"], g_d)].iloc[0]
-            rows.append(
-                _row(table, i, j, x, y, goodput, at_p, at_d, transfer[i], slo, req, workload)
+            # The deployment's goodput is a bound when the pool that limits it met at its top.
+            prefill_limits, decode_limits = x * g_p <= y * g_d, y * g_d <= x * g_p
+            at_top = bool(
+                (prefill_limits and g_p >= top[i] * (1 - 1e-9))
+                or (decode_limits and g_d >= top[j] * (1 - 1e-9))
             )
+            row = _row(table, i, j, x, y, goodput, at_p, at_d, transfer[i], slo, req, workload)
+            row["goodput_at_ladder_top"] = at_top
+            row["goodput_status"] = (
+                "lower bound: the pool that limits it met the limits at the highest rate tried"
+                if at_top
+                else "simulated"
+            )
+            rows.append(row)
     if not rows:
         return pd.DataFrame()
     out = pd.DataFrame(rows)
@@ -172,8 +185,12 @@ def _row(
         "prefill_tp": int(pre["tp"]),
         "prefill_pp": int(pre["pp"]),
         "prefill_replicas": x,
+        "prefill_ep": int(pre["ep"]),
         "prefill_precision": pre["precision"],
+        # the prefill instances were simulated with their own running-batch limit and cache
+        "prefill_max_num_seqs": int(pre["max_num_seqs"]),
         "prefill_max_num_batched_tokens": int(pre["max_num_batched_tokens"]),
+        "prefill_kv_cache_gib": pre["kv_cache_gib"],
         "kv_transfer_ms": 1e3 * transfer_s,
         "simulated": True,
         "goodput_rps": goodput,
@@ -181,6 +198,7 @@ def _row(
         "rate_rps": rate,
         "kv_cache_gib": dec["kv_cache_gib"],
         "kv_cache_tokens": dec["kv_cache_tokens"],
+        "kv_fraction": req.kv_fraction,
         "weights_gib": max(pre["weights_gib"], dec["weights_gib"]),
         "fits": True,
     }

@@ -437,8 +437,27 @@ def colocated(req: Request) -> Colocated:
     frames = _simulate_ladder(deps, chosen, per_replica_max.to_numpy(), workload, slo, req)
     out = _summarise(table, frames, chosen, slo, req, workload)
     out["pruned"] = np.where(out["pruned"] == "", pruned, out["pruned"])
+    out["goodput_status"] = _goodput_status(out)
     out["mode"] = "colocated"
     return Colocated(spec, hardware, workload, slo, deps, out, frames)
+
+
+def _goodput_status(out: pd.DataFrame) -> np.ndarray:
+    """Where each goodput comes from, or why a candidate has none: a goodput column alone
+    cannot tell a measured zero from a candidate never simulated, nor a bound from a value."""
+    reason = out["pruned"].astype(str)
+    not_simulated = np.where(
+        reason.str.startswith("not simulated"), reason, "not simulated: " + reason
+    )
+    simulated = np.select(
+        [out["goodput_at_ladder_top"].to_numpy(bool), out["goodput_rps"].to_numpy() > 0],
+        [
+            "lower bound: met the limits at the steady-state maximum, the highest rate tried",
+            "simulated",
+        ],
+        "simulated: no rate tried met the limits",
+    )
+    return np.where(out["simulated"].to_numpy(bool), simulated, not_simulated)
 
 
 def _pick(table: pd.DataFrame, score: np.ndarray, top: int) -> np.ndarray:
@@ -470,8 +489,9 @@ def _simulate_ladder(
     slo: Slo,
     req: Request,
 ) -> pd.DataFrame:
-    """Round 1: each chosen candidate at the ladder of rates (and the requested rate); round
-    2: two rates between the last that met and the first that missed."""
+    """Round 1: each chosen candidate at the ladder of rates (and the requested rate), then at
+    its steady-state maximum where every rate of the ladder met the limits; round 2: two rates
+    between the last that met and the first that missed."""
     if len(chosen) == 0:
         empty = {"candidate": pd.Series(dtype=int), "rate": pd.Series(dtype=float)}
         for name in ("ttft", "tpot", "latency"):
@@ -487,6 +507,13 @@ def _simulate_ladder(
         rates = np.concatenate([rates, req.request_rate / table["replicas"].to_numpy()[chosen]])
     first = run_rates(deps, cand, rates, workload, slo).at(slo)
     bounds = best_rates(first)
+    # Every rate met: the ladder's top is no goodput, only a bound under it. The steady-state
+    # maximum is the most the deployment sustains; a miss there is refined below like any.
+    unbounded = bounds.index[bounds["met"].notna() & bounds["missed"].isna()].to_numpy(dtype=int)
+    if len(unbounded):
+        top = run_rates(deps, unbounded, max_rate[unbounded], workload, slo).at(slo)
+        first = pd.concat([first, top], ignore_index=True)
+        bounds = best_rates(first)
     lo = bounds["met"].fillna(0.0)
     hi = bounds["missed"]
     refine = bounds.index[hi.notna()].to_numpy(dtype=int)
@@ -514,10 +541,16 @@ def _summarise(
     replicas = out["replicas"].to_numpy(float)
     gpus = float(req.gpus)
     met = frames[frames["meets"]].groupby("candidate")["rate"].max()
-    goodput = np.zeros(len(out))
+    # Never simulated: no goodput (NaN, an empty cell), not a zero that reads as measured.
+    goodput = np.where(out["simulated"].to_numpy(), 0.0, np.nan)
     goodput[met.index.to_numpy(dtype=int)] = met.to_numpy()
     out["goodput_rps"] = goodput * replicas
     out["goodput_rps_per_gpu"] = out["goodput_rps"] / gpus
+    # Met at the steady-state maximum, the highest rate tried: the goodput is a lower bound.
+    per_replica_max = (out["max_load_requests_per_s"] / out["replicas"]).to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        at_top = (goodput > 0) & (goodput >= per_replica_max * (1.0 - 1e-9))
+    out["goodput_at_ladder_top"] = at_top
     if req.request_rate is not None:
         target = req.request_rate / replicas
     else:
