@@ -36,6 +36,7 @@ from autoconfig.serve.workload import DEFAULT_REQUESTS, MAX_REQUESTS, MIN_REQUES
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
 
+from autoconfig.report.deploy_files import write_deploy_files
 from autoconfig.report.serving_flags import launch_flags
 from autoconfig.spec.defaults import CPU_TRIAL_SERVING_PRECISION, PRECISION, gpu_for
 from autoconfig.spec.vocab import (
@@ -132,7 +133,11 @@ def infer(
         f"{MIN_REQUESTS}..{MAX_REQUESTS:,})",
         callback=REQUESTS,
     ),
-    emit: Engine = typer.Option(None, help="print the best deployment's launch flags"),
+    emit: Engine = typer.Option(
+        None,
+        help="print the best deployment's launch flags; with --out (continuous batching) also "
+        "write k8s.yaml (vLLM / SGLang; Dynamo for a disaggregated winner) and bench.sh",
+    ),
     max_batch: int = typer.Option(
         1024, help="static batching: largest batch tried", callback=COUNT
     ),
@@ -244,7 +249,10 @@ def infer(
             raise typer.Exit(_measure(result, model, gpu, measure_options(locals(), cpu)))
         if out is not None:
             serving.write(result, out)
-            print(f"wrote {out}/results.csv, best.json and report.html", file=sys.stderr)
+            written = ["results.csv", "best.json", "report.html"]
+            if emit is not None and result.request.batching == Batching.CONTINUOUS.value:
+                written += [p.name for p in write_deploy_files(result, emit, out)]
+            print(f"wrote {out}/{', '.join(written)}", file=sys.stderr)
         if not result.feasible:
             sys.exit(1)
 

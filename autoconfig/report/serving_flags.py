@@ -118,7 +118,8 @@ def _command(
             "--extra_llm_api_options extra.yaml",
         ]
         quant = None
-    head = f"{parts[0]} MODEL_PATH"
+    # sglang.launch_server takes the model only as --model-path (SGLang 0.5 server_args.py).
+    head = f"{parts[0]} {'--model-path ' if engine is Engine.SGLANG else ''}MODEL_PATH"
     body = " \\\n    ".join([head, *parts[1:]])
     lines = [f"# MODEL_PATH: {model.split('# ')[-1]} checkpoint"]
     if quant:
