@@ -30,7 +30,7 @@ from autoconfig.rows.resolve import RESOLVED, as_framework_would, auto_settings,
 from autoconfig.rows.training import with_predictions
 from autoconfig.spec import defaults, layout
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
-from autoconfig.spec.vocab import Batching
+from autoconfig.spec.vocab import Batching, Engine
 
 if TYPE_CHECKING:
     from autoconfig.serve.result import ServingResult
@@ -337,6 +337,7 @@ def infer(
     disaggregation: bool = True,
     requests: int | None = None,
     seed: int = 0,
+    engine: str = "vllm",
 ) -> ServingResult:
     """Every serving candidate on `gpus` GPUs, best first.
 
@@ -345,7 +346,8 @@ def infer(
     ranked by goodput (requests/s within the TTFT/TPOT/latency limits at `percentile`) from a
     scheduler simulation of `workload` (a Workload, a CSV path, or the lengths given: an int
     or 'LOW:HIGH'; the typical chat turn without either). With `request_rate` the deployments
-    that meet the limits at that rate come first.
+    that meet the limits at that rate come first. `engine` (vllm, sglang, trtllm) sets whose
+    all-reduce kernels, CUDA graphs and formats the deployments run (spec/engines.py).
 
     Static batching: every (tp, pp, batch, replicas) with its TTFT, TPOT and latency, ranked
     by throughput per GPU or latency (`objective`).
@@ -360,6 +362,7 @@ def infer(
 
     budget = Budget(max_ttft_ms, max_tpot_ms, max_latency_ms, min_throughput)
     kind = Batching.parse(batching, "batching")
+    engine = Engine.parse(engine, "engine").value
     weights = (precision,) if isinstance(precision, str) else precision
     kvs = (kv_precision,) if isinstance(kv_precision, str) else kv_precision
     if kind is Batching.STATIC:
@@ -411,6 +414,7 @@ def infer(
             max_tokens=max_num_batched_tokens,
             kv_fraction=kv_cache_fraction,
             disaggregation=disaggregation,
+            engine=engine,
         )
     )
 

@@ -22,6 +22,8 @@ parquet table of measured latencies in milliseconds. Choices, per chip:
   RTX PRO 6000); on Blackwell data-centre parts, where no FlashAttention was measured,
   TensorRT-LLM's own context FMHA. bf16 inputs and KV, no sliding window.
 - NCCL: the newest nccl-version folder, dtype half.
+- The serving engines' own TP all-reduce (TensorRT-LLM's, vLLM's custom all-reduce in a CUDA
+  graph and eagerly, SGLang's), each from the newest version that measured it, bf16.
 
 The newest engine version that holds the wanted kernel is used. Each table becomes a full regular
 grid; a grid point the source did not measure is filled from its nearest measured neighbours in
@@ -112,6 +114,27 @@ ATTENTION_SOURCES: list[tuple[str, str, str]] = [
     ),
 ]
 
+# The serving engines' own TP all-reduce (comm/<engine>/<version>/custom_allreduce_perf.parquet):
+# key -> (engine folder, (column, value) rows to keep or None, what was measured).
+ENGINE_ALLREDUCE: dict[str, tuple[str, tuple[str, str] | None, str]] = {
+    "trtllm": ("trtllm", ("kernel_source", "TRTLLM"), "TensorRT-LLM's own all-reduce kernels"),
+    "vllm": (
+        "vllm",
+        ("backend", "vllm_graph"),
+        "vLLM's custom all-reduce, captured in a CUDA graph as its decode runs it",
+    ),
+    "vllm_eager": (
+        "vllm",
+        ("backend", "vllm_eager"),
+        "vLLM's custom all-reduce launched eagerly (no CUDA graph): the launch cost included",
+    ),
+    "sglang": (
+        "sglang",
+        ("backend", "sglang_graph"),
+        "SGLang's custom all-reduce, captured in a CUDA graph as its decode runs it",
+    ),
+}
+
 NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
 NCCL_DTYPE_BYTES = {"half": 2, "int8": 1}
 GEMM_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
@@ -132,6 +155,14 @@ COLUMNS = {
         "tflops": "achieved TFLOP/s of the causal forward, counting 2*heads*seq^2*head_dim "
         "FLOPs (4*b*h*s^2*d halved by the mask); geometric mean over the KV-head "
         "counts and the (batch, heads) splits measured at the same point",
+    },
+    "allreduce": {
+        "engine": "the serving engine whose own TP all-reduce was measured: trtllm, vllm (in a "
+        "CUDA graph), vllm_eager (launched eagerly), sglang",
+        "gpus": "ranks in the all-reduce (one node's NVLink domain)",
+        "bytes": "the all-reduce buffer in bytes, = message_size x 2 (bf16, message_size an "
+        "element count, as the NCCL table's)",
+        "us": "measured time of one call in microseconds",
     },
     "nccl": {
         "op": "all_reduce, all_gather, reduce_scatter or alltoall",
@@ -507,6 +538,75 @@ def package_version() -> str:
         return "unknown"
 
 
+def engine_allreduce_table(data: Path) -> tuple[list[str], dict]:
+    """The engines' own TP all-reduce, each from the newest version that measured it, on the
+    (gpus, bytes) grid with the NCCL table's monotone envelope; no rows where none was."""
+    rows: list[str] = []
+    meta: dict = {}
+    for key, (folder, keep, what) in ENGINE_ALLREDUCE.items():
+        found = None
+        for vdir in versions(data / "comm" / folder, "custom_allreduce_perf.parquet"):
+            df = pd.read_parquet(vdir / "custom_allreduce_perf.parquet")
+            sel = df[(df.op_name == "all_reduce") & (df.latency > 0)]
+            if "allreduce_dtype" in sel:
+                sel = sel[sel.allreduce_dtype == "bfloat16"]
+            if keep is not None:
+                sel = sel[sel[keep[0]] == keep[1]] if keep[0] in sel else sel.iloc[:0]
+            if len(sel):
+                found = vdir, sel
+                break
+        if found is None:
+            continue
+        vdir, sel = found
+        pts = (
+            pd.DataFrame(
+                {
+                    "gpus": sel.num_gpus,
+                    "bytes": sel.message_size * 2,
+                    "lus": np.log(sel.latency * 1e3),
+                }
+            )
+            .groupby(["gpus", "bytes"])
+            .lus.mean()
+        )
+        g_ax = np.sort(sel.num_gpus.unique())
+        b_ax = np.sort((sel.message_size * 2).unique())
+        axes = [g_ax.astype(float), b_ax.astype(float)]
+        idx = pd.MultiIndex.from_product([g_ax, b_ax], names=["gpus", "bytes"])
+        grid = np.exp(pts.reindex(idx).to_numpy()).reshape(len(g_ax), len(b_ax))
+        filled = fill_grid(grid, axes, [1, 0])
+        envelope = np.minimum.accumulate(grid[:, ::-1], axis=1)[:, ::-1]
+        lowered = int((envelope < grid).sum())
+        gg, bb = np.meshgrid(g_ax, b_ax, indexing="ij")
+        rows += [
+            f"{key},{a},{b},{v}"
+            for a, b, v in zip(gg.ravel(), bb.ravel(), sig4(envelope.ravel()), strict=True)
+        ]
+        implementation = next(
+            (
+                str(sel[c].iloc[0])
+                for c in ("implementation", "backend", "kernel_source")
+                if c in sel
+            ),
+            "",
+        )
+        meta[key] = {
+            "measured": what,
+            "path": in_package(vdir / "custom_allreduce_perf.parquet"),
+            "engine_version": vdir.name,
+            "framework_column": str(sel.framework.iloc[0]) if "framework" in sel else "",
+            "implementation": implementation,
+            "device": str(sel.device.iloc[0]) if "device" in sel else "",
+            "rows_read": len(sel),
+            "gpus": g_ax.tolist(),
+            "bytes_min": int(b_ax[0]),
+            "bytes_max": int(b_ax[-1]),
+            "points_filled": filled,
+            "points_lowered": lowered,
+        }
+    return rows, meta
+
+
 def write_csv(path: Path, header: str, rows: list[str], gz: bool = False) -> None:
     """A CSV file; gzipped (as path + '.gz', with no timestamp so a rerun on the same data gives
     the same bytes) where `gz`, removing the other form."""
@@ -530,6 +630,9 @@ def distil(chip: str, folder: str, src: Path, out: Path, version: str, gz: bool)
     write_csv(dest / "gemm.csv", "dtype,m,n,k,tflops", gemm_rows, gz=gz)
     write_csv(dest / "attention.csv", "head_dim,seq,heads,tflops", att_rows)
     write_csv(dest / "nccl.csv", "op,gpus,bytes,us", nccl_rows)
+    allreduce_rows, allreduce_meta = engine_allreduce_table(data)
+    if allreduce_rows:
+        write_csv(dest / "allreduce.csv", "engine,gpus,bytes,us", allreduce_rows)
     bf16 = gemm_meta["bf16"]
     summary = (
         f"aiconfigurator-core {version} (Apache-2.0) {folder}: GEMM {bf16['engine']} "
@@ -559,6 +662,13 @@ def distil(chip: str, folder: str, src: Path, out: Path, version: str, gz: bool)
         "attention": {"file": "attention.csv", "columns": COLUMNS["attention"], **att_meta},
         "nccl": {"file": "nccl.csv", "columns": COLUMNS["nccl"], **nccl_meta},
     }
+    if allreduce_rows:
+        prov["allreduce"] = {
+            "file": "allreduce.csv",
+            "columns": COLUMNS["allreduce"],
+            "monotone": "each size's time is the least measured at that size or any larger one",
+            "engines": allreduce_meta,
+        }
     (dest / "provenance.yaml").write_text(
         "# Distilled from aiconfigurator-core's measured kernel data (Apache-2.0).\n"
         + yaml.dump(prov, Dumper=FlowListDumper, sort_keys=False, width=100)

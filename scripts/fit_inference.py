@@ -28,58 +28,13 @@ import yaml
 from scipy.optimize import least_squares
 
 from autoconfig.base import resources
+from autoconfig.calibrate.serving_fit import COLUMN, PARAMS, fit
 from autoconfig.calibrate.serving_validation import load_inference_runs
-from autoconfig.cost.inference import evaluate_serving
-from autoconfig.cost.max_load import evaluate_max_load
-from autoconfig.rows.serving import read_serving_rows
 from autoconfig.spec import catalog
 
-# name: (start, lower, upper, scale to the ServeInputs column)
-PARAMS = {
-    "memory": (0.75, 0.3, 1.0, 1.0),
-    "gemm": (0.65, 0.2, 1.0, 1.0),
-    "kernel_us": (4.0, 0.0, 50.0, 1e-6),
-    "allreduce_base_us": (15.0, 0.0, 200.0, 1e-6),
-    "allreduce_step_us": (10.0, 0.0, 200.0, 1e-6),
-}
-COLUMN = {
-    "memory": "eff_memory",
-    "gemm": "eff_gemm",
-    "kernel_us": "kernel_s",
-    "allreduce_base_us": "ar_base_s",
-    "allreduce_step_us": "ar_step_s",
-}
 # Chips without published serving rows that take a fitted chip's constants: Blackwell Ultra
 # (B300, GB300) runs the B200's kernels on the same memory system generation.
 CARRY = {"b300": "b200"}
-
-
-def fit(runs: pd.DataFrame) -> tuple[dict[str, float], float]:
-    rows = read_serving_rows(runs)
-    inputs, errors = rows.inputs(), rows.errors
-    if (errors != "").any():
-        raise SystemExit(f"fit rows with errors: {errors[errors != ''].tolist()}")
-    continuous = rows.continuous
-    num = lambda c: pd.to_numeric(runs[c], errors="coerce").to_numpy()  # noqa: E731
-    measured = np.where(
-        continuous, num("measured_output_tokens_per_s_per_gpu"), num("measured_latency_ms")
-    )
-
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        cols = {COLUMN[n]: v * PARAMS[n][3] for n, v in zip(PARAMS, theta, strict=True)}
-        s = dataclasses.replace(inputs, **cols)
-        with np.errstate(all="ignore"):
-            latency = evaluate_serving(s)["pred_latency_ms"]
-            tokens = evaluate_max_load(s)["pred_output_tokens_per_s_per_gpu"]
-        return np.log(np.where(continuous, tokens, latency) / measured)
-
-    start = np.array([p[0] for p in PARAMS.values()])
-    lower = np.array([p[1] for p in PARAMS.values()])
-    upper = np.array([p[2] for p in PARAMS.values()])
-    result = least_squares(
-        residuals, start, bounds=(lower, upper), loss="soft_l1", f_scale=0.1, diff_step=1e-3
-    )
-    return dict(zip(PARAMS, result.x.tolist(), strict=True)), float(result.cost)
 
 
 def _write(chip: str, block: dict) -> None:
@@ -241,7 +196,9 @@ def main() -> None:
     fitted: dict[str, dict] = {}
     for chip in sorted(set(chip_of.values())):
         rows = fit_rows[fit_rows["gpu"].map(chip_of) == chip].reset_index(drop=True)
-        constants, cost = fit(rows)
+        profile = catalog.get_gpu(str(rows["gpu"].iloc[0])).inference
+        current = profile.model_dump() if profile is not None else {}
+        constants, cost = fit(rows, current)
         gpus = ", ".join(sorted(rows["gpu"].unique()))
         engines = ", ".join(sorted(rows["framework"].unique()))
         models = ", ".join(sorted(rows["model"].unique()))

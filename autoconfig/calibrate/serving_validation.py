@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from autoconfig.calibrate.validation import (
@@ -20,6 +21,7 @@ from autoconfig.calibrate.validation import (
     require_reference_dir,
 )
 from autoconfig.serve.predict import predict_frame
+from autoconfig.spec.catalog import get_gpu
 
 SOURCE_FACTS = {
     "fastertransformer": {"flash_attention": "n"},
@@ -135,3 +137,37 @@ def phase_table(out: pd.DataFrame) -> pd.DataFrame:
     cols = ["model", "tp", "batch_size", "input_len", "output_len", "meas_ttft_ms"]
     cols += ["pred_ttft_ms", "meas_tpot_ms", "pred_tpot_ms"]
     return ok[cols].reset_index(drop=True)
+
+
+def left_out_by_family(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
+    """TensorRT-LLM's in-flight rows of each GPU family (chip) predicted by the constants that
+    stay fitted (serving_fit.MEASURED_CONTINUOUS: memory share, host work per iteration and per
+    sequence), refitted on the other families' fit rows alone, one set for them all; beside,
+    the shipped per-chip fit on the same rows (`out`, from predictions)."""
+    from autoconfig.calibrate.serving_fit import MEASURED_CONTINUOUS, fit, predict
+
+    inflight = (runs["batching"] == "inflight") & (runs["framework"] == "tensorrt-llm")
+    chip = runs["gpu"].map(lambda g: get_gpu(g).chip)
+    measured = pd.to_numeric(runs["measured_output_tokens_per_s_per_gpu"], errors="coerce")
+    table = []
+    for family in sorted(chip[inflight].unique()):
+        mine = inflight & (chip == family)
+        others = inflight & (chip != family) & runs["fit_set"]
+        constants, _ = fit(runs[others].reset_index(drop=True), {}, MEASURED_CONTINUOUS)
+        shared = {n: constants[n] for n in MEASURED_CONTINUOUS}
+        predicted = predict(runs[mine].reset_index(drop=True), shared)
+        ape = np.abs(predicted / measured[mine].to_numpy() - 1.0) * 100
+        shipped = out.loc[mine, "ape_output_tokens_per_s_per_gpu"].astype(float) * 100
+        table.append(
+            {
+                "family": family,
+                "gpus": ", ".join(sorted(runs.loc[mine, "gpu"].unique())),
+                "rows": int(mine.sum()),
+                "fit_rows_from_others": int(others.sum()),
+                "left_out_median_ape_%": float(np.median(ape)),
+                "left_out_within_20_%": float(np.mean(ape <= 20) * 100),
+                "shipped_fit_median_ape_%": float(shipped.median()),
+                **{f"refit_{n}": round(v, 4) for n, v in shared.items()},
+            }
+        )
+    return pd.DataFrame(table)

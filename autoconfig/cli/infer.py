@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
 
 from autoconfig.report.deploy_files import write_deploy_files
 from autoconfig.report.serving_flags import launch_flags
+from autoconfig.spec import engines
 from autoconfig.spec.defaults import CPU_TRIAL_SERVING_PRECISION, PRECISION, gpu_for
 from autoconfig.spec.vocab import (
     Batching,
@@ -133,6 +134,11 @@ def infer(
         f"{MIN_REQUESTS}..{MAX_REQUESTS:,})",
         callback=REQUESTS,
     ),
+    engine: str = typer.Option(
+        "vllm",
+        help="the serving engine, vllm, sglang or trtllm: its all-reduce kernels, CUDA graphs "
+        "and formats (docs/engines.md)",
+    ),
     emit: Engine = typer.Option(
         None,
         help="print the best deployment's launch flags; with --out (continuous batching) also "
@@ -186,6 +192,7 @@ def infer(
     takes the most requests/s per GPU within TTFT / TPOT / latency limits at a percentile,
     from a scheduler simulation of the workload; with static batches, the most output
     tokens/s per GPU. --measure runs the best points with the bundled model."""
+    engines.engine(engine)  # an unknown engine is one line naming the closest, before any work
     if out == "":  # checked before any work
         raise UserError("out: must not be empty (give a folder, or a file with --runs)")
     if resume and not measure:
@@ -240,6 +247,7 @@ def infer(
             disaggregation=disaggregation,
             requests=requests,
             seed=seed,
+            engine=engines.engine(engine).name,
         )
         defaults.announce(ctx, {"gpu": gpu})  # after the search: a refusal stays one line
         terminal.print_view(serving.terminal_view(result, top))

@@ -201,6 +201,8 @@ def serving_constant_columns(e: InferenceEfficiency) -> dict[str, float]:
         "kernel_s": e.kernel_us * 1e-6,
         "ar_base_s": e.allreduce_base_us * 1e-6,
         "ar_step_s": e.allreduce_step_us * 1e-6,
+        "iteration_s": e.iteration_us * 1e-6,
+        "sequence_s": e.sequence_us * 1e-6,
     }
 
 
@@ -266,6 +268,7 @@ CONTINUOUS_DEFAULTS = {
     "max_tokens": 8192.0,
     "kv_fraction": 0.9,
     "block_tokens": 16.0,
+    "engine": 1.0,  # cost.inference.SERVING_ENGINES: vLLM
 }
 """Continuous-batching columns a deployment table may add (ServeInputs' defaults)."""
 
@@ -336,6 +339,7 @@ def serving_inputs(
         k: (d[k].to_numpy(float) if k in d else np.full(n, v))
         for k, v in CONTINUOUS_DEFAULTS.items()
     }
+    graph_tokens, graph_prefill = engine_graphs(continuous["engine"])
     return ServeInputs(
         x=x,
         batch=d["batch_size"].to_numpy(float),
@@ -346,8 +350,29 @@ def serving_inputs(
         replicas=d["replicas"].to_numpy(float),
         act_bytes=np.array(act, float),
         **continuous,
+        graph_tokens=graph_tokens,
+        graph_prefill=graph_prefill,
         **{k: np.asarray(v, float) for k, v in constants.items() if k in names},
     )
+
+
+def engine_graphs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per engine code (cost.inference.SERVING_ENGINES), the largest iteration its CUDA graphs
+    capture by default and whether iterations with prefill tokens replay graphs too, from the
+    engine profiles (spec/engines.py); a library runtime captures none."""
+    from autoconfig.cost.inference import SERVING_ENGINES
+    from autoconfig.spec.engines import engine
+
+    tokens, prefill = np.zeros(len(codes)), np.zeros(len(codes))
+    for code in np.unique(codes):
+        name = SERVING_ENGINES[int(code)]
+        if name == "library":
+            continue
+        graphs = engine(name).cuda_graphs
+        rows = codes == code
+        tokens[rows] = float(str(graphs.max_capture_size.value))  # a whole number (validated)
+        prefill[rows] = float(graphs.covers.value != "decode")
+    return tokens, prefill
 
 
 def _activation_bytes(weights: ServePrecision) -> float:

@@ -2,7 +2,8 @@
 
 The cost layer (autoconfig.cost.kernel_tables) holds the arrays and lookups and reads no files;
 this spec-layer module reads each chip folder's gemm.csv (or gemm.csv.gz), attention.csv,
-nccl.csv and provenance.yaml, distilled from aiconfigurator-core's measurements (Apache-2.0) by
+nccl.csv, allreduce.csv (the serving engines' own all-reduce, where measured) and
+provenance.yaml, distilled from aiconfigurator-core's measurements (Apache-2.0) by
 scripts/distill_kernel_tables.py.
 """
 
@@ -64,6 +65,9 @@ def kernel_tables(chip: str) -> KernelTables | None:
     gemm = _read_csv(folder, "gemm.csv")
     att = _read_csv(folder, "attention.csv")
     nccl = _read_csv(folder, "nccl.csv")
+    # The serving engines' own all-reduce, where the chip's tables measured one.
+    measured_engines = (folder / "allreduce.csv").is_file()
+    allreduce = _read_csv(folder, "allreduce.csv") if measured_engines else None
     return KernelTables(
         chip=chip,
         gemm={
@@ -77,4 +81,10 @@ def kernel_tables(chip: str) -> KernelTables | None:
         },
         # provenance.yaml is for people: parsing it costs more than the tables themselves
         source=f"profiles/kernels/{chip}/provenance.yaml",
+        engine_allreduce={}
+        if allreduce is None
+        else {
+            str(e): _grid(g, ["gpus", "bytes"], "us", f"{chip} allreduce {e}")
+            for e, g in allreduce.groupby("engine", sort=False)
+        },
     )

@@ -31,11 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost import comm
+from autoconfig.cost import comm, kernel_time, serving_gemm, serving_overheads
 from autoconfig.cost.inputs import SWIGLU, Col, CostInputs
 from autoconfig.cost.layer import Op, head_ops, layer_ops, mlp_widths
 from autoconfig.cost.memory import stage_params
-from autoconfig.cost.timing import kernel_count
 from autoconfig.spec.vocab import GIB
 
 INFERENCE_COLUMNS = (
@@ -45,6 +44,13 @@ INFERENCE_COLUMNS = (
     "pred_output_tokens_per_s_per_gpu",
     "pred_fits",
 )
+
+
+# The engines a serving deployment can run on (ServeInputs.engine indexes it): "library" is a
+# runtime without an engine profile (FasterTransformer, Megatron-LM's generate: C++ or plain
+# torch, NCCL's all-reduce, no CUDA graphs); the others take their own all-reduce kernels from
+# the measured tables and their CUDA-graph coverage from their profiles (spec/engines.py).
+SERVING_ENGINES = ("library", "vllm", "sglang", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,16 @@ class ServeInputs:
     max_tokens: Col | float = 8192.0  # most tokens per iteration (max-num-batched-tokens)
     kv_fraction: Col | float = 0.9  # share of the memory left after weights given to K/V
     block_tokens: Col | float = 16.0  # tokens per K/V-cache block (paged attention)
+    # The engine: an index into SERVING_ENGINES. Its TP all-reduce is timed from the chip's
+    # measured tables where they have it; the largest iteration (tokens) its CUDA graphs
+    # capture (0: none), and whether they capture iterations with prefill tokens too.
+    engine: Col | float = 1.0
+    # The engine's host work per iteration (scheduler, input preparation, sampling): a fixed
+    # part and a part per running sequence.
+    iteration_s: Col | float = 0.0
+    sequence_s: Col | float = 0.0
+    graph_tokens: Col | float = 0.0
+    graph_prefill: Col | float = 0.0
 
 
 def _gemm(s: ServeInputs, op: Op, tokens: Col, weight_share: Col | float = 1.0) -> Col:
@@ -80,7 +96,10 @@ def _gemm(s: ServeInputs, op: Op, tokens: Col, weight_share: Col | float = 1.0) 
     weights = op.weight_bytes * (s.weight_bytes / 2.0) * weight_share
     traffic = act * tokens * op.activation_width + weights
     compute = op.flops * tokens / (x.peak_flops * s.eff_gemm)
-    return np.maximum(compute, traffic / (x.hbm_bytes_s * s.eff_memory))
+    roofline = np.maximum(compute, traffic / (x.hbm_bytes_s * s.eff_memory))
+    rows = serving_gemm.applies(x, s.weight_bytes, s.act_bytes)
+    measured = serving_gemm.measured_seconds(x, op, tokens, rows, s.weight_bytes)
+    return roofline if measured is None else np.where(np.isfinite(measured), measured, roofline)
 
 
 def small_all_reduce(s: ServeInputs, nbytes: Col) -> Col:
@@ -91,6 +110,27 @@ def small_all_reduce(s: ServeInputs, nbytes: Col) -> Col:
     latency = s.ar_base_s + s.ar_step_s * np.log2(np.maximum(n, 1.0))
     volume = 2.0 * (n - 1.0) / n * nbytes / link.bandwidth
     return np.where(n > 1, latency + volume, 0.0)
+
+
+def measured_all_reduce(s: ServeInputs, nbytes: Col) -> Col | None:
+    """One TP all-reduce of `nbytes` as the row's engine runs it, from the chip's measured
+    tables (NaN where they lack it: a TP group beyond one node, a chip without tables); None
+    where no row has tables."""
+    x = s.x
+    if not x.kernels:
+        return None
+    return kernel_time.serving_all_reduce_time(
+        x.kernels, x.kernel_chip, s.engine, SERVING_ENGINES, x.tp, nbytes
+    )
+
+
+def tp_all_reduce(s: ServeInputs, nbytes: Col) -> Col:
+    """One TP all-reduce: measured where the tables have it, else small_all_reduce's model."""
+    modelled = small_all_reduce(s, nbytes)
+    measured = measured_all_reduce(s, nbytes)
+    if measured is None:
+        return modelled
+    return np.where(np.isfinite(measured), measured, modelled)
 
 
 def _kv_heads_local(x: CostInputs) -> Col:
@@ -137,8 +177,9 @@ def _layer_phase(
             work = work + _gemm(s, op, tokens, share)
         elif op.kind == "memory":
             work = work + op.moved * tokens / (x.hbm_bytes_s * s.eff_memory)
-    kernels = (kernel_count(ops) + np.where(x.tp > 1, 2.0, 0.0)) * s.kernel_s
-    tp = 2.0 * small_all_reduce(s, 2.0 * tokens * x.hidden)
+    n = np.broadcast(work, x.kernel_chip).size
+    kernels, _ = serving_overheads.kernel_costs(s, ops, n)
+    tp = 2.0 * tp_all_reduce(s, 2.0 * tokens * x.hidden)
     return Phase(np.asarray(work), np.asarray(kernels), np.asarray(tp))
 
 
@@ -152,8 +193,10 @@ def _head_phase(s: ServeInputs, sequences: Col) -> Phase:
             work = work + _gemm(s, op, sequences)
         else:
             work = work + op.moved * sequences / (x.hbm_bytes_s * s.eff_memory)
-    gather = small_all_reduce(s, 2.0 * sequences * x.vocab) / 2.0
-    return Phase(np.asarray(work), np.asarray(2.0 * s.kernel_s), np.asarray(gather))
+    gather = tp_all_reduce(s, 2.0 * sequences * x.vocab) / 2.0
+    n = np.broadcast(gather, x.kernel_chip).size
+    _, kernels = serving_overheads.kernel_costs(s, layer_ops(x), n)
+    return Phase(np.asarray(work), np.asarray(kernels), np.asarray(gather))
 
 
 def _expert_share(x: CostInputs, tokens: Col) -> Col:
@@ -208,8 +251,20 @@ def serve_time(s: ServeInputs) -> ServeTime:
     link = comm.pp_link(x)
     hop_p = np.where(x.pp > 1, comm.p2p(2.0 * tokens * x.hidden / x.tp, link), 0.0)
     hop_d = np.where(x.pp > 1, comm.p2p(2.0 * mb * x.hidden / x.tp, link), 0.0)
-    ttft = (micro + x.pp - 1.0) * prefill.total + (x.pp - 1.0) * hop_p
-    tpot = np.maximum(micro, x.pp) * decode.total + x.pp * hop_d
+    # Outside a CUDA graph the host launches every kernel of a pass (serving_overheads).
+    n = int(np.size(prefill.total))
+    launch = serving_overheads.launch_seconds(s, ops, per_stage, n)
+    prefill_s = np.where(
+        serving_overheads.replayed(s, tokens, True),
+        prefill.total,
+        np.maximum(prefill.total, launch),
+    )
+    decode_s = np.where(
+        serving_overheads.replayed(s, mb, False), decode.total, np.maximum(decode.total, launch)
+    )
+    ttft = (micro + x.pp - 1.0) * prefill_s + (x.pp - 1.0) * hop_p + s.iteration_s
+    tpot = np.maximum(micro, x.pp) * decode_s + x.pp * hop_d + s.iteration_s
+    tpot = tpot + s.sequence_s * s.batch
     latency = ttft + np.maximum(s.output_len - 1.0, 0.0) * tpot
     return ServeTime(ttft, tpot, latency, prefill, decode, hop_p, hop_d)
 

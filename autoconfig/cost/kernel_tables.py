@@ -111,6 +111,8 @@ class KernelTables:
     attention: Grid  # over (head_dim, seq, heads), achieved TFLOP/s of the causal forward
     nccl: dict[str, Grid]  # op -> Grid over (gpus, bytes), values in us
     source: str  # one-line provenance summary
+    # Serving engines' own TP all-reduce: engine -> Grid over (gpus, bytes), values in us.
+    engine_allreduce: dict[str, Grid] = field(default_factory=dict)
 
 
 def _table(tables: dict[str, Grid], key: str, what: str, chip: str) -> Grid:
@@ -160,3 +162,21 @@ def collective_seconds(t: KernelTables, op: str, gpus: Col, nbytes: Col) -> Col:
     us = us * np.maximum(nbytes / top, 1.0)
     us = np.where(gpus > grid.axes[0][-1], np.nan, us)
     return np.where((gpus <= 1) | (nbytes <= 0), 0.0, us * 1e-6).astype(us.dtype, copy=False)
+
+
+def engine_all_reduce_seconds(
+    t: KernelTables, engine: str, gpus: Col | float, nbytes: Col | float
+) -> Col:
+    """Time of one all-reduce of `nbytes` over `gpus` ranks by `engine`'s own kernels (its
+    custom all-reduce), as measured; NaN where the chip's tables hold none for the engine or
+    the rank count is beyond the measured ones, 0 where gpus <= 1. Beyond the largest size the
+    time grows in proportion to bytes; below the smallest it is the smallest's."""
+    gpus, nbytes = np.broadcast_arrays(np.asarray(gpus, float), np.asarray(nbytes, float))
+    grid = t.engine_allreduce.get(engine)
+    if grid is None:
+        return np.where(gpus <= 1, 0.0, np.nan)
+    top = grid.axes[1][-1]
+    us = grid_lookup(grid, np.maximum(gpus, grid.axes[0][0]), np.minimum(nbytes, top))
+    us = us * np.maximum(nbytes / top, 1.0)
+    us = np.where(gpus > grid.axes[0][-1], np.nan, us)
+    return np.where(gpus <= 1, 0.0, us * 1e-6)

@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoconfig.cost.kernel_tables import KernelTables, collective_seconds, grid_lookup
+from autoconfig.cost.kernel_tables import (
+    KernelTables,
+    collective_seconds,
+    engine_all_reduce_seconds,
+    grid_lookup,
+)
 
 Col = np.ndarray
 
@@ -77,7 +82,7 @@ def gemm_format(gemm_bytes: float, available: Mapping[str, object]) -> str:
 def _per_chip(
     kernels: KernelSet,
     codes: Col,
-    keys: Col,
+    keys: Col | float,
     coords: tuple[Col, ...],
     value_of: Callable[[int, float, tuple[Col, ...]], Col],
 ) -> Col | None:
@@ -102,31 +107,48 @@ def _per_chip(
 
 
 def gemm_efficiency(
-    kernels: KernelSet, codes: Col, gemm_bytes: Col, m: Col, n: Col, k: Col
+    kernels: KernelSet,
+    codes: Col,
+    gemm_bytes: Col | float,
+    m: Col,
+    n: Col,
+    k: Col,
+    *,
+    in_training: bool = True,
 ) -> Col | None:
     """Fraction of the format's dense peak a GEMM of m x k by k x n (m tokens) reaches on each
-    row's chip, from its measured table (NaN on rows without one; None if no row has one)."""
+    row's chip, from its measured table (NaN on rows without one; None if no row has one).
+    `in_training` carries the table to a training step (TRAINING_OVER_TABLE); a serving engine
+    runs the kernels the tables measured, as they measured them."""
 
     def efficiency(code: int, nbytes: float, mnk: tuple[Col, ...]) -> Col:
         table, peaks = kernels.tables[code], kernels.peaks[code]
         fmt = gemm_format(nbytes, table.gemm)
         m_, n_, k_ = (np.maximum(np.asarray(c, float), 1.0) for c in mnk)
-        over = TRAINING_OVER_TABLE["bf16" if fmt == "bf16" else "fp8"]
+        over = TRAINING_OVER_TABLE["bf16" if fmt == "bf16" else "fp8"] if in_training else 1.0
         return grid_lookup(table.gemm[fmt], m_, n_, k_) * over / peaks[fmt]
 
     return _per_chip(kernels, codes, gemm_bytes, (m, n, k), efficiency)
 
 
 def attention_efficiency(
-    kernels: KernelSet, codes: Col, head_dim: Col, seq: Col, heads: Col
+    kernels: KernelSet,
+    codes: Col,
+    head_dim: Col,
+    seq: Col,
+    heads: Col,
+    *,
+    in_training: bool = True,
 ) -> Col | None:
     """Fraction of the 16-bit dense peak causal flash attention's forward reaches over `heads`
-    parallel (sequence, head) pairs of `seq` tokens with `head_dim`, on each row's chip."""
+    parallel (sequence, head) pairs of `seq` tokens with `head_dim`, on each row's chip;
+    `in_training` carries the table to a training step's kernels (TRAINING_OVER_TABLE)."""
+    over = TRAINING_OVER_TABLE["attention"] if in_training else 1.0
 
     def efficiency(code: int, _: float, coords: tuple[Col, ...]) -> Col:
         table, peaks = kernels.tables[code], kernels.peaks[code]
         d, s, h = (np.maximum(np.asarray(c, float), 1.0) for c in coords)
-        rate = grid_lookup(table.attention, d, s, h) * TRAINING_OVER_TABLE["attention"]
+        rate = grid_lookup(table.attention, d, s, h) * over
         return rate / peaks["bf16"]
 
     return _per_chip(kernels, codes, np.float32(0.0), (head_dim, seq, heads), efficiency)
@@ -142,3 +164,57 @@ def collective_time(kernels: KernelSet, codes: Col, op: str, size: Col, nbytes: 
         return collective_seconds(kernels.tables[code], op, ranks, buffer)
 
     return _per_chip(kernels, codes, np.float32(0.0), (size, nbytes), seconds)
+
+
+def serving_all_reduce_time(
+    kernels: KernelSet,
+    codes: Col,
+    kinds: Col | float,
+    names: Sequence[str],
+    size: Col,
+    nbytes: Col,
+) -> Col | None:
+    """Seconds of one TP all-reduce of `nbytes` over `size` ranks as each row's serving engine
+    runs it (`names[kind]`: NCCL's for "library", else the engine's own kernels), measured
+    on its chip; NaN where the chip's tables lack it or the ranks are beyond the measured ones
+    (None if no row has tables)."""
+
+    def seconds(code: int, kind: float, coords: tuple[Col, ...]) -> Col:
+        ranks, buffer = (np.asarray(c, float) for c in coords)
+        table, name = kernels.tables[code], names[int(kind)]
+        if name == "library":
+            return collective_seconds(table, "all_reduce", ranks, buffer)
+        return engine_all_reduce_seconds(table, name, ranks, buffer)
+
+    return _per_chip(kernels, codes, kinds, (size, nbytes), seconds)
+
+
+def kernel_floor(kernels: KernelSet, codes: Col) -> Col | None:
+    """Seconds the smallest kernel takes on each row's chip: its table's smallest GEMM (one row
+    of 32 x 32, 16-bit), which moves a few bytes and does next to no work, timed back to back as
+    the tables time every kernel. A kernel whose work is smaller still takes this long."""
+
+    def seconds(code: int, _: float, coords: tuple[Col, ...]) -> Col:
+        grid = kernels.tables[code].gemm["bf16"]
+        m, n, k = (float(a[0]) for a in grid.axes)
+        tflops = grid_lookup(grid, np.array([m]), np.array([n]), np.array([k]))[0]
+        return np.full(np.shape(coords[0]), 2.0 * m * n * k / (tflops * 1e12))
+
+    return _per_chip(kernels, codes, np.float32(0.0), (np.asarray(codes, float),), seconds)
+
+
+def eager_launch(kernels: KernelSet, codes: Col) -> Col | None:
+    """Seconds the host takes to launch one kernel from Python, outside a CUDA graph: the same
+    engine's smallest all-reduce launched eagerly less the one replayed from a graph (vLLM's,
+    two ranks), measured on each row's chip and its host. NaN where the tables lack either."""
+
+    def seconds(code: int, _: float, coords: tuple[Col, ...]) -> Col:
+        table = kernels.tables[code]
+        if "vllm_eager" not in table.engine_allreduce or "vllm" not in table.engine_allreduce:
+            return np.full(np.shape(coords[0]), np.nan)
+        smallest = table.engine_allreduce["vllm"].axes[1][0]
+        eager = engine_all_reduce_seconds(table, "vllm_eager", 2.0, smallest)
+        graph = engine_all_reduce_seconds(table, "vllm", 2.0, smallest)
+        return np.full(np.shape(coords[0]), float(np.maximum(eager - graph, 0.0)))
+
+    return _per_chip(kernels, codes, np.float32(0.0), (np.asarray(codes, float),), seconds)

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost import comm
-from autoconfig.cost.inference import ServeInputs, kv_bytes_per_token
+from autoconfig.cost import comm, kernel_time, serving_gemm, serving_overheads
+from autoconfig.cost.inference import ServeInputs, kv_bytes_per_token, measured_all_reduce
 from autoconfig.cost.inputs import Col
 from autoconfig.cost.layer import head_ops, layer_ops
-from autoconfig.cost.timing import kernel_count
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,22 @@ class StepModel:
     pp: Col
     hop_fixed_s: Col  # pipeline hand-off per micro-batch
     hop_token_s: Col
+    # Deployments whose dense GEMMs the measured tables time (serving_gemm), and those GEMMs'
+    # seconds at serving_gemm.TOKEN_GRID token counts, [T, N].
+    measured_rows: np.ndarray
+    dense_curve: np.ndarray
+    # Deployments whose TP all-reduces the measured tables time (the engine's own kernels or
+    # NCCL's, one node), and those all-reduces' seconds at the same token counts, [T, N].
+    comm_rows: np.ndarray
+    comm_curve: np.ndarray
+    head_curve: np.ndarray  # the LM head's GEMM by emitting sequences, on measured_rows
+    # Host time to launch an iteration's kernels one by one (0 where not measured), and the
+    # CUDA graphs that spare it: the largest iteration captured, whether with prefill tokens.
+    launch_s: Col
+    iteration_s: Col  # the engine's host work per iteration
+    sequence_s: Col  # ... and per running sequence
+    graph_tokens: Col
+    graph_prefill: Col
 
     def stage(
         self,
@@ -72,14 +87,34 @@ class StepModel:
         if self.routed.any() and (self.experts > 0).any():
             share = self._expert_share(t)
             weights = weights * np.where(self.routed[:, None], share, 1.0)
-        gemms = np.maximum(self.gemm_flop_s * t, weights + self.gemm_act_s * t).sum(axis=0)
+        roofline = np.maximum(self.gemm_flop_s * t, weights + self.gemm_act_s * t)
+        if self.measured_rows.any():
+            by_table = ~self.routed[:, None] & self.measured_rows[None, :]
+            gemms = np.where(by_table, 0.0, roofline).sum(axis=0)
+            gemms = gemms + np.where(
+                self.measured_rows, serving_gemm.on_curve(self.dense_curve, t), 0.0
+            )
+        else:
+            gemms = roofline.sum(axis=0)
+        if self.comm_rows.any():
+            gemms = gemms + np.where(self.comm_rows, serving_gemm.on_curve(self.comm_curve, t), 0.0)
         attention = np.maximum(prefill_pairs * self.pair_s, prefill_kv * self.kv_read_s)
         attention = attention + decode_context * np.maximum(self.pair_s, self.kv_read_s)
         head = np.maximum(
             self.head_flop_s * sequences, self.head_weight_s + self.head_act_s * sequences
         )
+        if self.measured_rows.any():
+            by_table = serving_gemm.on_curve(self.head_curve, sequences)
+            head = np.where(self.measured_rows, by_table, head)
         busy = (t > 0) | (sequences > 0)
         work = gemms + attention + head + (self.token_s + self.comm_token_s) * t + self.fixed_s
+        # Outside a CUDA graph the host launches every kernel: the GPU waits for it when its own
+        # work is shorter (small batches), and hides it when longer. Before launching, the host
+        # schedules the iteration (the engine's work per iteration and per sequence).
+        prefilling = (np.asarray(prefill_pairs) > 0) | (np.asarray(prefill_kv) > 0)
+        captured = (t <= self.graph_tokens) & (~prefilling | (self.graph_prefill > 0))
+        work = np.where(captured, work, np.maximum(work, self.launch_s))
+        work = work + self.iteration_s + self.sequence_s * sequences
         return np.where(busy, work, 0.0)
 
     def hop(self, tokens: Col) -> Col:
@@ -119,6 +154,22 @@ def step_model(s: ServeInputs) -> StepModel:
     pair_flops = attention.flops / np.maximum(x.seq, 1.0)
     attn_peak = x.peak_bf16_flops * np.where(x.flash > 0, x.eff_attention, s.eff_gemm)
     pair_s = layers * pair_flops / attn_peak
+    # Prefill attention from the chip's measured flash-attention table where it has one (the
+    # engines' kernels, as measured): prompts of the input length, as many of them as fill the
+    # token budget, times the rank's query heads working in parallel.
+    head_dim = x.head_dim + np.where(x.kv_lora > 0, x.rope_dim, 0.0)
+    prompts = np.maximum(s.max_tokens / np.maximum(x.seq, 1.0), 1.0)
+    measured_attention = (
+        kernel_time.attention_efficiency(
+            x.kernels, x.kernel_chip, head_dim, x.seq, prompts * x.heads / x.tp, in_training=False
+        )
+        if x.kernels
+        else None
+    )
+    if measured_attention is not None:
+        by_table = (x.flash > 0) & np.isfinite(measured_attention)
+        rate = x.peak_bf16_flops * np.where(by_table, measured_attention, 1.0)
+        pair_s = np.where(by_table, layers * pair_flops / rate, pair_s)
     kv_read_s = kv_bytes_per_token(s, layers) / bandwidth
 
     tree = s.ar_base_s + s.ar_step_s * np.log2(np.maximum(x.tp, 1.0))
@@ -131,18 +182,26 @@ def step_model(s: ServeInputs) -> StepModel:
     a2a_s = a2a / link.bandwidth
     per_layer_token = np.where(expert_parallel, ring / 2.0 + a2a_s, ring)
     tp_on = x.tp > 1
+    comm_rows, comm_curve = _measured_all_reduces(s, layers, expert_parallel, n)
+    # Where the tables time the all-reduces, only the expert all-to-alls stay per token.
+    per_layer_token = np.where(comm_rows, np.where(expert_parallel, a2a_s, 0.0), per_layer_token)
     comm_token_s = np.where(tp_on, layers * per_layer_token, 0.0)
-    kernels = kernel_count(ops) + np.where(tp_on, 2.0, 0.0)
-    fixed_s = layers * (kernels * s.kernel_s + np.where(tp_on, 2.0 * tree, 0.0))
-
     head = next(op for op in head_ops(x) if op.name == "lm_head")
     head_flop_s = np.broadcast_to(head.flops / peak, (n,))
     # The LM head stays 16-bit in fp8 / fp4 checkpoints (ModelOpt keeps lm_head unquantised).
     head_weight_s = np.broadcast_to(head.weight_bytes / bandwidth, (n,))
     head_act_s = np.broadcast_to(2.0 * (head.gemm_k + head.gemm_n) / bandwidth, (n,))
-    gather = np.where(tp_on, tree, 0.0) + 2.0 * s.kernel_s
     pp_link = comm.pp_link(x)
     experts = np.maximum(x.experts, 1.0)
+    rows = np.broadcast_to(serving_gemm.applies(x, s.weight_bytes, s.act_bytes), (n,))
+    curve = serving_gemm.token_curve(x, ops, layers, rows, s.weight_bytes) if rows.any() else None
+    head_curve = serving_gemm.token_curve(x, [head], 1.0, rows) if curve is not None else None
+    if curve is None or head_curve is None:
+        rows, curve = np.zeros(n, bool), np.zeros((len(serving_gemm.TOKEN_GRID), n))
+        head_curve = curve
+    gathered, logits = _measured_logits_gather(s, rows, n)
+    head_curve = head_curve + logits
+    fixed_s, launch_s = _fixed_costs(s, ops, layers, tree, comm_rows, gathered, n)
     return StepModel(
         gemm_flop_s=flop_s,
         gemm_weight_s=weight_s,
@@ -153,7 +212,7 @@ def step_model(s: ServeInputs) -> StepModel:
         token_s=np.broadcast_to(token_s, (n,)),
         pair_s=np.broadcast_to(pair_s, (n,)),
         kv_read_s=np.broadcast_to(kv_read_s, (n,)),
-        fixed_s=np.broadcast_to(fixed_s + gather, (n,)),
+        fixed_s=np.broadcast_to(fixed_s, (n,)),
         comm_token_s=np.broadcast_to(comm_token_s, (n,)),
         head_flop_s=head_flop_s,
         head_act_s=head_act_s,
@@ -161,7 +220,76 @@ def step_model(s: ServeInputs) -> StepModel:
         pp=np.broadcast_to(x.pp, (n,)).astype(float),
         hop_fixed_s=np.broadcast_to(pp_link.latency, (n,)),
         hop_token_s=np.broadcast_to(s.act_bytes * x.hidden / x.tp / pp_link.bandwidth, (n,)),
+        measured_rows=np.asarray(rows, bool),
+        dense_curve=curve,
+        comm_rows=comm_rows,
+        comm_curve=comm_curve,
+        head_curve=head_curve,
+        launch_s=np.broadcast_to(launch_s, (n,)),
+        iteration_s=np.broadcast_to(s.iteration_s, (n,)).astype(float),
+        sequence_s=np.broadcast_to(s.sequence_s, (n,)).astype(float),
+        graph_tokens=np.broadcast_to(s.graph_tokens, (n,)).astype(float),
+        graph_prefill=np.broadcast_to(s.graph_prefill, (n,)).astype(float),
     )
+
+
+def _measured_logits_gather(s: ServeInputs, rows: np.ndarray, n: int) -> tuple[np.ndarray, Col]:
+    """Rows whose logits' all-gather over the TP ranks the tables time (half an all-reduce of
+    the same buffer), and its seconds at serving_gemm.TOKEN_GRID emitting sequences, [T, N]."""
+    x = s.x
+    none = np.zeros(n, bool), np.zeros((len(serving_gemm.TOKEN_GRID), n))
+    if not rows.any() or not np.any(x.tp > 1):
+        return none
+    seconds = [
+        measured_all_reduce(s, np.full(n, 2.0 * seqs) * x.vocab) for seqs in serving_gemm.TOKEN_GRID
+    ]
+    if any(t is None for t in seconds):
+        return none
+    logits = np.stack([np.broadcast_to(t, (n,)) for t in seconds if t is not None]) / 2.0
+    gathered = rows & (np.broadcast_to(x.tp, (n,)) > 1) & np.isfinite(logits).all(axis=0)
+    return gathered, np.where(gathered, logits, 0.0)
+
+
+def _fixed_costs(
+    s: ServeInputs,
+    ops: list,
+    layers: Col,
+    tree: Col,
+    comm_rows: np.ndarray,
+    gathered: np.ndarray,
+    n: int,
+) -> tuple[Col, Col]:
+    """Per iteration, (the GPU's fixed seconds, the host's seconds to launch every kernel):
+    each kernel's cost beyond its work (serving_overheads) and the modelled tree latency of
+    the all-reduces the tables do not time."""
+    x = s.x
+    tp_on = x.tp > 1
+    layer_kernels, head_kernels = serving_overheads.kernel_costs(s, ops, n)
+    tree_s = np.where(tp_on & ~comm_rows, 2.0 * tree, 0.0)
+    gather_s = np.where(tp_on & ~gathered, tree, 0.0)
+    fixed = layers * (layer_kernels + tree_s) + gather_s + head_kernels
+    return fixed, serving_overheads.launch_seconds(s, ops, layers, n)
+
+
+def _measured_all_reduces(
+    s: ServeInputs, layers: Col, expert_parallel: Col, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose TP all-reduces the measured tables time at every token count, and their
+    seconds per iteration at serving_gemm.TOKEN_GRID tokens, [T, N]: two a layer (after
+    attention and after the MLP; one with expert parallelism, whose MLP exchanges tokens by
+    all-to-all instead) of the 16-bit activations."""
+    x = s.x
+    curve = np.zeros((len(serving_gemm.TOKEN_GRID), n))
+    if not np.any(x.tp > 1):
+        return np.zeros(n, bool), curve
+    per_layer = np.where(expert_parallel, 1.0, 2.0) * np.broadcast_to(layers, (n,))
+    for j, tokens in enumerate(serving_gemm.TOKEN_GRID):
+        seconds = measured_all_reduce(s, np.full(n, 2.0 * tokens) * x.hidden)
+        if seconds is None:
+            return np.zeros(n, bool), curve
+        curve[j] = per_layer * np.broadcast_to(seconds, (n,))
+    rows = (np.broadcast_to(x.tp, (n,)) > 1) & np.isfinite(curve).all(axis=0)
+    return rows, np.where(rows, curve, 0.0)
 
 
 def take(model: StepModel, rows: np.ndarray) -> StepModel:
@@ -171,6 +299,8 @@ def take(model: StepModel, rows: np.ndarray) -> StepModel:
         value = getattr(model, name)
         if name == "routed":
             picked[name] = value
+        elif name in ("measured_rows", "comm_rows"):
+            picked[name] = np.asarray(value)[rows]
         elif np.ndim(value) == 2:
             picked[name] = value[:, rows]
         else:

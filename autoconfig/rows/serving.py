@@ -19,7 +19,7 @@ import pandas as pd
 
 from autoconfig.base.errors import UserError
 from autoconfig.columns.build import CONTINUOUS_DEFAULTS, serving_inputs
-from autoconfig.cost.inference import ServeInputs
+from autoconfig.cost.inference import SERVING_ENGINES, ServeInputs
 from autoconfig.rows.training import (
     PLACEHOLDER_MODEL,
     Errors,
@@ -45,6 +45,22 @@ ENGINE_INTS = {
     "kv_block_tokens": "block_tokens",
     "ep": "ep",
 }
+
+
+# A row's framework -> its serving engine (cost.inference.SERVING_ENGINES); anything else
+# (FasterTransformer, Megatron-LM, a blank cell) is a library runtime.
+_ENGINES = {
+    "tensorrt-llm": "trtllm",
+    "trtllm": "trtllm",
+    "vllm": "vllm",
+    "sglang": "sglang",
+}
+
+
+def engine_code(framework: pd.Series) -> np.ndarray:
+    """Per row, the index in SERVING_ENGINES of the engine its framework names."""
+    names = framework.str.strip().str.lower().map(_ENGINES).fillna("library")
+    return names.map(SERVING_ENGINES.index).to_numpy(float)
 
 
 @dataclass
@@ -157,6 +173,7 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
             "kv_fraction": fraction.where(~bad_fraction),
         }
     )
+    deployments["engine"] = engine_code(text_column(df, "framework"))
     for col, default in CONTINUOUS_DEFAULTS.items():
         deployments[col] = deployments[col].fillna(default)
     deployments = deployments.where(~pd.DataFrame({c: bad for c in deployments}), 1.0).fillna(1.0)

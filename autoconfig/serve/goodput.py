@@ -24,6 +24,7 @@ import pandas as pd
 from autoconfig.base import checks
 from autoconfig.base.errors import UserError
 from autoconfig.columns.build import serving_inputs
+from autoconfig.cost.inference import SERVING_ENGINES
 from autoconfig.cost.kv_cache import kv_capacity
 from autoconfig.cost.max_load import max_load
 from autoconfig.cost.serving_sim import Limits, Simulated, Stop, simulate
@@ -32,7 +33,7 @@ from autoconfig.serve import no_fit
 from autoconfig.serve.request import Request
 from autoconfig.serve.search import min_gpus, tp_degrees
 from autoconfig.serve.workload import MAX_REQUESTS, MIN_REQUESTS, Lengths, Workload, chat
-from autoconfig.spec import catalog
+from autoconfig.spec import catalog, engines
 from autoconfig.spec.schema import ClusterSpec, GPUSpec, ModelSpec
 from autoconfig.spec.vocab import GIB, KvPrecision, ServePrecision
 
@@ -61,22 +62,28 @@ def weight_choices(req: Request, gpu: GPUSpec) -> list[str]:
         for p in chosen:
             if p in ("fp8", "nvfp4") and not gpu.supports(p):
                 raise UserError(f"precision: {gpu.name} has no {p} tensor cores (use int8/int4)")
+            if gpu.chip != "cpu":
+                engines.check_setting(req.engine, "weight_format", p)
         return list(dict.fromkeys(chosen))
     if gpu.chip == "cpu":
         return [ServePrecision.FP32.value]
-    return ["bf16", *(p for p in ("fp8", "nvfp4") if gpu.supports(p))]
+    wanted = ["bf16", *(p for p in ("fp8", "nvfp4") if gpu.supports(p))]
+    return [p for p in wanted if engines.supports(engines.engine(req.engine), "weight_format", p)]
 
 
 def kv_choices(req: Request, gpu: GPUSpec) -> list[str]:
     """K/V formats tried: those asked for, else the weights' 16-bit type and fp8 where the GPU
     has fp8 tensor cores (fp8 attention)."""
     if req.kv_precisions:
-        return list(
-            dict.fromkeys(KvPrecision.parse(k, "kv-precision").value for k in req.kv_precisions)
-        )
+        chosen = [KvPrecision.parse(k, "kv-precision").value for k in req.kv_precisions]
+        for k in chosen:
+            if gpu.chip != "cpu" and k != KvPrecision.AUTO.value:
+                engines.check_setting(req.engine, "kv_format", k)
+        return list(dict.fromkeys(chosen))
     if gpu.chip == "cpu":
         return [KvPrecision.AUTO.value]
-    return [KvPrecision.AUTO.value, *(["fp8"] if gpu.supports("fp8") else [])]
+    fp8 = gpu.supports("fp8") and engines.supports(engines.engine(req.engine), "kv_format", "fp8")
+    return [KvPrecision.AUTO.value, *(["fp8"] if fp8 else [])]
 
 
 def layouts(req: Request, spec: ModelSpec, node: int) -> list[tuple[int, int, int]]:
@@ -133,7 +140,11 @@ def candidates(
     if table.empty:
         raise UserError(_no_pairing(req))
     table["kv_fraction"] = req.kv_fraction
-    inputs = serving_inputs(spec, hardware, _deployment_frame(table, workload, req.kv_fraction))
+    frame = _deployment_frame(table, workload, req.kv_fraction)
+    # A CPU trial runs the bundled generator: a library runtime, not an engine.
+    cpu = hardware[0].chip == "cpu"
+    frame["engine"] = 0.0 if cpu else float(SERVING_ENGINES.index(req.engine))
+    inputs = serving_inputs(spec, hardware, frame)
     with np.errstate(all="ignore"):
         cap = kv_capacity(inputs)
         step = step_model(inputs)

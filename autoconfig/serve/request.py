@@ -70,4 +70,5 @@ class Request:
     max_tokens: tuple[int, ...] | None = None  # per-iteration token budgets (chunk sizes)
     kv_fraction: float = 0.9
     disaggregation: bool = True
+    engine: str = "vllm"  # spec/engines.py: its all-reduce kernels, CUDA graphs and formats
     simulate_top: int = 16

@@ -380,6 +380,20 @@ class InferenceEfficiency(_Spec):
     allreduce_step_us: float = Field(
         ge=0, description="latency per tree level (log2 of the group size) of a small all-reduce"
     )
+    iteration_us: float = Field(
+        default=0.0,
+        ge=0,
+        le=5000.0,
+        description="host time per engine iteration (scheduling, input preparation, sampling), "
+        "microseconds",
+    )
+    sequence_us: float = Field(
+        default=0.0,
+        ge=0,
+        le=50.0,
+        description="host time per running sequence per engine iteration (its scheduling, "
+        "sampling and output bookkeeping), microseconds",
+    )
     provenance: str = Field(default="", description="what these constants were fitted on")
 
 
