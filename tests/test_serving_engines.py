@@ -85,3 +85,29 @@ def test_the_engine_reaches_the_search() -> None:
 
     result = api.infer("llama3-8b", 8, "h100-sxm-80gb", requests=100, engine="trtllm")
     assert result.request.engine == "trtllm"
+
+
+def test_a_row_without_limits_runs_its_engines_defaults() -> None:
+    """A published point that leaves max_num_seqs blank ran its engine's default running-batch
+    limit (TensorRT-LLM's 2048, vLLM's 1024), not a fixed 256."""
+    from autoconfig.rows.serving import read_serving_rows
+
+    base = {
+        "model": "llama3-8b",
+        "gpu": "h100-sxm-80gb",
+        "tp": 1,
+        "pp": 1,
+        "input_len": 1000,
+        "output_len": 200,
+        "batching": "inflight",
+        "precision": "fp8",
+    }
+    frames = [
+        {**base, "framework": "tensorrt-llm"},
+        {**base, "framework": "vllm"},
+        {**base, "framework": "fastertransformer"},
+        {**base, "framework": "trtllm", "max_num_seqs": 64},
+    ]
+    rows = read_serving_rows(pd.DataFrame(frames))
+    assert (rows.errors == "").all()
+    assert rows.deployments["max_seqs"].tolist() == [2048.0, 1024.0, 256.0, 64.0]

@@ -31,7 +31,7 @@ from autoconfig.rows.training import (
     read_models,
     text_column,
 )
-from autoconfig.spec import layout
+from autoconfig.spec import engines, layout
 from autoconfig.spec.schema import ClusterSpec, GPUSpec, ModelSpec
 from autoconfig.spec.vocab import Batching, KvPrecision, ServePrecision
 
@@ -174,6 +174,19 @@ def read_serving_rows(df: pd.DataFrame) -> ServingRows:
         }
     )
     deployments["engine"] = engine_code(text_column(df, "framework"))
+    # A row that leaves the running-batch limit or the token budget blank runs its engine's
+    # defaults (spec/engines.py: TensorRT-LLM 2048 requests and 8192 tokens, ...).
+    for code in deployments["engine"].unique():
+        name = SERVING_ENGINES[int(code)]
+        if name == "library":
+            continue
+        scheduler = engines.engine(name).scheduler
+        mine = deployments["engine"] == code
+        for col, fact in (
+            ("max_seqs", scheduler.max_running_requests),
+            ("max_tokens", scheduler.max_tokens_per_iteration),
+        ):
+            deployments.loc[mine, col] = deployments.loc[mine, col].fillna(float(str(fact.value)))
     for col, default in CONTINUOUS_DEFAULTS.items():
         deployments[col] = deployments[col].fillna(default)
     deployments = deployments.where(~pd.DataFrame({c: bad for c in deployments}), 1.0).fillna(1.0)
