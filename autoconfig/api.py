@@ -1,4 +1,5 @@
-"""The Python API: search(), estimate(), estimate_frame(), infer(), infer_frame(). Each turns
+"""The Python API: search(), estimate(), estimate_frame(), infer(), infer_frame(),
+infer_fewest_gpus(). Each turns
 its arguments into typed specs and calls the layer that computes; nothing here models.
 
 `search`, `estimate` and `infer` take the same leading arguments, in the same order: the
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -30,9 +31,11 @@ from autoconfig.rows.resolve import RESOLVED, as_framework_would, auto_settings,
 from autoconfig.rows.training import with_predictions
 from autoconfig.spec import defaults, layout
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
-from autoconfig.spec.vocab import Batching, Engine
+from autoconfig.spec.task import DEFAULT_LORA_RANK, DEFAULT_LORA_TARGETS, PRETRAIN, TaskSpec
+from autoconfig.spec.vocab import Batching, Engine, Task
 
 if TYPE_CHECKING:
+    from autoconfig.serve.fewest import Fewest
     from autoconfig.serve.result import ServingResult
     from autoconfig.serve.workload import Workload
 
@@ -91,6 +94,9 @@ def estimate(
     max_memory_gib: float | None = None,
     memory_headroom: float = defaults.MEMORY_HEADROOM,
     auto: Collection[str] = (),
+    task: str = Task.PRETRAIN.value,
+    lora_rank: int = DEFAULT_LORA_RANK,
+    lora_targets: str = DEFAULT_LORA_TARGETS.value,
 ) -> pd.DataFrame:
     """One configuration's predictions and breakdown as a one-row DataFrame: the layout (every
     dimension, defaults resolved), the run, then the pred_* columns and breakdowns, for the
@@ -100,7 +106,9 @@ def estimate(
     (autoconfig.rows.resolve); `auto` in the result names them.
     Without `gbs` the batch follows the search's rule (layout_search/batch.py) rounded to a multiple
     of dp*mbs; `gbs_rule` says which. `mem_limit_gib` is the capacity less `memory_headroom`,
-    at most `max_memory_gib`; `pred_fits` compares the peak with it.
+    at most `max_memory_gib`; `pred_fits` compares the peak with it. `task` (pretrain, sft,
+    lora, qlora) says what the run trains; lora and qlora train adapters of `lora_rank` on
+    `lora_targets` (qkv, attention, all) over frozen base weights (spec/task.py).
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
@@ -118,6 +126,9 @@ def estimate(
         gpus_per_node=gpus_per_node,
         flash_attention=flash_attention,
         framework=framework,
+        task=task,
+        lora_rank=lora_rank,
+        lora_targets=lora_targets,
     )
     spec, gpu_spec, fw, num_gpus = request.model, request.gpu, request.framework, request.gpus
     sizes = {"tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp, "mbs": mbs}
@@ -155,7 +166,7 @@ def estimate(
     except ValidationError as exc:
         raise UserError(pydantic_message(exc)) from None
     hardware = Hardware(gpu_spec, request.cluster, run.precision)
-    does = _behaviour(fw, run.precision.value, flash_attention, sp_saves_gathered)
+    does = _behaviour(fw, run.precision.value, flash_attention, sp_saves_gathered, request.task)
     limit_gib = gpu_spec.memory_gib * (1 - request.constraints.memory_headroom)
     if request.constraints.max_memory_gib is not None:
         limit_gib = min(limit_gib, request.constraints.max_memory_gib)
@@ -210,6 +221,7 @@ def estimate(
         "precision": run.precision.value,
         "flash_attention": flash_attention,
         "framework": fw.name,
+        "task": request.task.label(),
         "gbs_rule": gbs_rule,
         "auto": ",".join(auto),
     }
@@ -248,9 +260,13 @@ def _shape(spec: ModelSpec, num_gpus: int, run: ParallelConfig) -> dict[str, int
 
 
 def _behaviour(
-    fw: FrameworkSpec, precision: str, flash: bool, sp_saves_gathered: bool | None
+    fw: FrameworkSpec,
+    precision: str,
+    flash: bool,
+    sp_saves_gathered: bool | None,
+    task: TaskSpec = PRETRAIN,
 ) -> Behaviour:
-    does = frameworks.behaviour(fw, precision, float(flash))
+    does = frameworks.behaviour(fw, precision, float(flash), task)
     if sp_saves_gathered is None:
         return does
     return replace(does, sp_saves_gathered=float(sp_saves_gathered))
@@ -274,11 +290,14 @@ def search(
     gpus_per_node: int | None = None,
     flash_attention: bool = True,
     framework: str = defaults.FRAMEWORK.value,
+    task: str = Task.PRETRAIN.value,
+    lora_rank: int = DEFAULT_LORA_RANK,
+    lora_targets: str = DEFAULT_LORA_TARGETS.value,
 ) -> SearchResult:
     """Every valid layout for `gpus` GPUs, evaluated and ranked. `result.table` holds every
     evaluated layout (feasible first, best first); the result's fields say what was asked,
     how many layouts each rule dropped, why the winner wins, and what would fit when nothing
-    does."""
+    does. `task`, `lora_rank` and `lora_targets` as in `estimate`."""
     request = search_run.make_request(
         model,
         gpus,
@@ -296,6 +315,9 @@ def search(
         gpus_per_node=gpus_per_node,
         flash_attention=flash_attention,
         framework=framework,
+        task=task,
+        lora_rank=lora_rank,
+        lora_targets=lora_targets,
     )
     return search_run.run(request)
 
@@ -338,6 +360,10 @@ def infer(
     requests: int | None = None,
     seed: int = 0,
     engine: str = "vllm",
+    prefix_hit_rate: float | None = None,
+    speculative_tokens: int | None = None,
+    acceptance_rate: float | None = None,
+    speculative_method: str | None = None,
 ) -> ServingResult:
     """Every serving candidate on `gpus` GPUs, best first.
 
@@ -348,6 +374,11 @@ def infer(
     or 'LOW:HIGH'; the typical chat turn without either). With `request_rate` the deployments
     that meet the limits at that rate come first. `engine` (vllm, sglang, trtllm) sets whose
     all-reduce kernels, CUDA graphs and formats the deployments run (spec/engines.py).
+
+    `prefix_hit_rate` (0 <= F < 1): that share of each prompt is already in the prefix cache.
+    `speculative_tokens` K with `acceptance_rate` a: each decode step verifies K draft tokens
+    and emits (1 - a^(K+1)) / (1 - a) on average; `speculative_method` eagle (default),
+    eagle3, mtp or ngram sets the draft's cost (serve/features.py states the assumptions).
 
     Static batching: every (tp, pp, batch, replicas) with its TTFT, TPOT and latency, ranked
     by throughput per GPU or latency (`objective`).
@@ -366,6 +397,14 @@ def infer(
     weights = (precision,) if isinstance(precision, str) else precision
     kvs = (kv_precision,) if isinstance(kv_precision, str) else kv_precision
     if kind is Batching.STATIC:
+        for name, value in (
+            ("prefix-hit-rate", prefix_hit_rate),
+            ("speculative-tokens", speculative_tokens),
+            ("acceptance-rate", acceptance_rate),
+            ("speculative-method", speculative_method),
+        ):
+            if value is not None:
+                raise UserError(f"{name}: modelled for continuous batching only")
         for name, value in (("input-len", input_len), ("output-len", output_len)):
             if value is None:
                 raise UserError(f"{name}: required for static batching")
@@ -415,7 +454,65 @@ def infer(
             kv_fraction=kv_cache_fraction,
             disaggregation=disaggregation,
             engine=engine,
+            prefix_hit_rate=prefix_hit_rate,
+            speculative_tokens=speculative_tokens,
+            acceptance_rate=acceptance_rate,
+            speculative_method=speculative_method,
         )
+    )
+
+
+def infer_fewest_gpus(
+    model: str | ModelSpec,
+    gpu: str | tuple[str, ...],
+    request_rate: float,
+    *,
+    gpu_hour_usd: tuple[float, ...] = (),
+    max_gpus: int | None = None,
+    gpus_per_node: int | None = None,
+    **options: Any,
+) -> Fewest:
+    """The fewest GPUs of each type in `gpu` whose best continuous-batching deployment meets
+    the limits at `request_rate` requests/s, and of those the cheapest (by `gpu_hour_usd`, USD
+    per GPU-hour, one for all types or one per type; without prices, the fewest GPUs). GPU
+    counts follow `autoconfig plan`'s grid (powers of two below a node, then 1, 2, 3, 4, 6, 8,
+    ... nodes) up to `max_gpus` (128), with a bisection over whole nodes below the first count
+    that meets. `options` go to every `infer` call (limits, percentile, workload, features).
+    `.tried` holds every count's ServingResult; `.chosen` the answer (None: nothing meets)."""
+    from autoconfig.serve.fewest import DEFAULT_MAX_GPUS, fewest_gpus
+
+    if Batching.parse(str(options.get("batching", "continuous")), "batching") is Batching.STATIC:
+        raise UserError("gpus: the fewest-GPU search needs continuous batching (give --gpus)")
+    for name in ("gpus", "request_rate"):
+        if name in options:
+            raise UserError(f"{name.replace('_', '-')}: set by the fewest-GPU search itself")
+    # One workload for every count: each is simulated on the same requests.
+    options["workload"] = make_workload(
+        options.pop("workload", None),
+        options.pop("input_len", None),
+        options.pop("output_len", None),
+        options.pop("requests", None),
+        int(options.get("seed", 0)),
+    )
+    types = (gpu,) if isinstance(gpu, str) else tuple(gpu)
+
+    def search(name: str, count: int) -> ServingResult:
+        return infer(
+            model,
+            count,
+            name,
+            request_rate=request_rate,
+            gpus_per_node=gpus_per_node,
+            **options,
+        )
+
+    return fewest_gpus(
+        search,
+        types,
+        request_rate,
+        tuple(gpu_hour_usd),
+        DEFAULT_MAX_GPUS if max_gpus is None else max_gpus,
+        gpus_per_node,
     )
 
 
@@ -448,3 +545,86 @@ def make_workload(
         source="typical chat" if input_len is None and output_len is None else "given lengths",
     )
     return given
+
+
+if TYPE_CHECKING:
+    from autoconfig.rl.plan import RLPlans
+
+
+def rl_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """RL step predictions for every row of `runs` (rl_runs.csv columns): the input columns,
+    then pred_step_time_s and its phases (rollout, logprob, update, critic, sync, switch),
+    pred_tokens_per_s_per_gpu, pred_fits, ape_step_time, `note` (how the row's text was read)
+    and `error` ('' or why the row was not predicted)."""
+    from autoconfig.rl.runs import predict_runs
+
+    return predict_runs(runs)
+
+
+def rl(
+    model: str | ModelSpec,
+    gpus: int,
+    gpu: str = defaults.GPU,
+    *,
+    algorithm: str = "grpo",
+    prompts: int = 64,
+    samples: int = 16,
+    prompt_len: int = 256,
+    max_response_len: int = 4096,
+    mean_response_len: float | None = None,
+    critic: str | ModelSpec | None = None,
+    reference: bool = True,
+    staleness: int = 1,
+    precision: str = defaults.PRECISION.value,
+    top: int | None = None,
+    placement: str | None = None,
+    rollout_gpus: int | None = None,
+) -> RLPlans:
+    """RL post-training plans for `gpus` GPUs, fastest step first: colocated, disaggregated
+    and async (`staleness` steps behind) placements, each rollout tp and a small set of
+    trainer layouts (autoconfig.rl). The rollout batch is `prompts` x `samples` sequences of a
+    `prompt_len` prompt and a response of at most `max_response_len` tokens averaging
+    `mean_response_len` (half the maximum when not given), drawn from an exponential
+    truncated at the maximum. `critic` (PPO only) is the value model, the actor's shape when
+    not given. `placement` (colocated, disaggregated, async) and `rollout_gpus` (the GPUs that
+    generate when the pools are separate) narrow the plans tried. Raises UserError with one
+    line naming the bad field."""
+    from autoconfig.rl.job import Algorithm, Job, Placement
+    from autoconfig.rl.lengths import ResponseLengths
+    from autoconfig.rl.plan import plan
+    from autoconfig.spec import catalog
+    from autoconfig.spec.vocab import Precision
+
+    gpus = checks.integer(gpus, "gpus")
+    for name, value in (
+        ("prompts", prompts),
+        ("prompt-len", prompt_len),
+        ("max-response-len", max_response_len),
+        ("staleness", staleness),
+    ):
+        checks.integer(value, name)
+    spec = catalog.get_model(model) if isinstance(model, str) else model
+    gpu_spec = catalog.get_gpu(gpu)
+    kind = Algorithm.parse(algorithm)
+    if critic is not None and not kind.has_critic:
+        raise UserError(f"critic: {kind.value} trains no value model; drop --critic")
+    critic_spec = catalog.get_model(critic) if isinstance(critic, str) else critic
+    mean = float(mean_response_len) if mean_response_len is not None else max_response_len / 2
+    job = Job(
+        spec,
+        gpu_spec,
+        gpu_spec.cluster,
+        gpus,
+        kind,
+        prompts,
+        checks.integer(samples, "samples", low=0),  # Job.checked says why under 1
+        prompt_len,
+        ResponseLengths(float(max_response_len), mean),
+        critic=critic_spec,
+        reference=reference,
+        precision=Precision.parse(precision, "precision").value,
+    )
+    where = Placement.parse(placement) if placement is not None else None
+    if rollout_gpus is not None:
+        checks.integer(rollout_gpus, "rollout-gpus", low=0)  # Plan.checked says why under 1
+    return plan(job.checked(), staleness, top, where, rollout_gpus)

@@ -10,7 +10,8 @@ import typer
 
 from autoconfig.cli.options import AMOUNT, COUNT, FRACTION, MEASURE, framework_named
 from autoconfig.spec import defaults, layout
-from autoconfig.spec.vocab import Framework, Precision, Recompute
+from autoconfig.spec.task import DEFAULT_LORA_RANK, DEFAULT_LORA_TARGETS
+from autoconfig.spec.vocab import Framework, LoraTargets, Precision, Recompute, Task
 
 SP = "on when tp > 1"
 GBS = "the batch rule: tokens per step by model size (printed)"
@@ -87,6 +88,30 @@ def framework(help: str = "the framework that runs it (what it overlaps and fuse
         parser=str,
         callback=framework_named,
         help=f"{help} (its name, or an alias its profile lists)",
+    )
+
+
+def task() -> str:
+    # plain text, parsed by spec.task: a bad value is its one line and exit 2
+    return typer.Option(
+        Task.PRETRAIN.value,
+        help=f"what the run trains: {Task.allowed()} (sft: every weight; lora, qlora: "
+        "adapters on frozen 16-bit or NF4 base weights)",
+    )
+
+
+def lora_rank() -> str:
+    # plain text, so that a bad rank is spec.task's one line naming lora-rank
+    return typer.Option(
+        str(DEFAULT_LORA_RANK), help="adapter rank r with --task lora/qlora (a positive integer)"
+    )
+
+
+def lora_targets() -> str:
+    return typer.Option(
+        DEFAULT_LORA_TARGETS.value,
+        help=f"layers with adapters: {LoraTargets.allowed()} (all: every linear layer of a "
+        "transformer layer)",
     )
 
 

@@ -76,6 +76,9 @@ def estimate(
         help="settings to choose as the framework would run them, the fastest that fits "
         "(comma list of zero, recompute, sp, vp)",
     ),
+    task: str = defaults.task(),
+    lora_rank: str = defaults.lora_rank(),
+    lora_targets: str = defaults.lora_targets(),
     compare: bool = typer.Option(
         False, help="rank this layout in the search over the same model, GPUs and batch"
     ),
@@ -143,6 +146,9 @@ def estimate(
         max_memory_gib=max_memory_gib,
         memory_headroom=memory_headroom,
         auto=chosen_names,
+        task=task,
+        lora_rank=lora_rank,
+        lora_targets=lora_targets,
     )
     row = result.iloc[0]
     if row["auto"]:
@@ -180,6 +186,9 @@ def estimate(
         gpus_per_node=gpus_per_node,
         flash_attention=flash,
         framework=framework.value,
+        task=task,
+        lora_rank=lora_rank,
+        lora_targets=lora_targets,
     )
     per_rank = int(row["seq_len"]) // int(row["cp"])
     if int(row["cp"]) > 1 and per_rank < request.space.min_tokens_per_cp_rank:

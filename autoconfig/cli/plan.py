@@ -15,6 +15,7 @@ from autoconfig.cli.options import COUNT, OUT_FOLDER, claimed
 from autoconfig.layout_search import plan as planning
 from autoconfig.report import plan_view as plan_report
 from autoconfig.report import terminal
+from autoconfig.spec.task import task_spec
 from autoconfig.spec.vocab import Framework, Precision
 
 
@@ -37,6 +38,9 @@ def plan(
     gbs: int = defaults.gbs(),
     precision: Precision = defaults.precision(),
     framework: Framework = defaults.framework(),
+    task: str = defaults.task(),
+    lora_rank: str = defaults.lora_rank(),
+    lora_targets: str = defaults.lora_targets(),
     max_memory_gib: float = defaults.max_memory_gib(),
     memory_headroom: float = defaults.memory_headroom(),
     gpus_per_node: int = typer.Option(
@@ -59,6 +63,7 @@ def plan(
     if profile is not None and not defaults.defaulted(ctx, "gpu"):
         raise UserError("profile: give --profile or --gpu, not both")
     planning.check(goal, types, tuple(gpu_hour_usd or ()), max_gpus)
+    what = task_spec(task, lora_rank, lora_targets)  # a bad task is one line before planning
     # The folder is checked (OUT_FOLDER) and locked before the searches, so a bad --out or a
     # folder another run holds is refused before minutes of planning, not after.
     with claimed(out):
@@ -78,6 +83,9 @@ def plan(
                 framework=framework.value,
                 max_memory_gib=max_memory_gib,
                 memory_headroom=memory_headroom,
+                task=what.task.value,
+                lora_rank=what.lora_rank,
+                lora_targets=what.lora_targets.value,
             )
         defaults.announce(
             ctx,

@@ -41,6 +41,7 @@ from autoconfig.spec.defaults import (
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
 
+from autoconfig.spec.task import task_spec
 from autoconfig.spec.vocab import Device, Executor, Framework, Precision, Sampler
 
 
@@ -95,6 +96,9 @@ def search(
         callback=framework_named,
         help="print the best as that framework's settings (its name, or an alias)",
     ),
+    task: str = defaults.task(),
+    lora_rank: str = defaults.lora_rank(),
+    lora_targets: str = defaults.lora_targets(),
     measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
     trials: int = typer.Option(
         8, help="finished trials to run", rich_help_panel=MEASURE, callback=COUNT
@@ -142,6 +146,11 @@ def search(
     """Rank every valid parallel layout of a model on N GPUs by predicted throughput; with
     --measure, confirm the best with short profiled runs of the bundled trainer."""
     fixed = layout.parse_fix(fix)
+    what = task_spec(task, lora_rank, lora_targets)  # a bad task is one line before any work
+    if measure and what.adapters:
+        raise UserError(
+            f"task: the bundled trainer that --measure runs trains every weight, not {what.task}"
+        )
     if resume and not measure:
         raise UserError("resume: --resume continues a measured study; it needs --measure")
     if profile is not None and not defaults.defaulted(ctx, "gpu"):
@@ -194,6 +203,9 @@ def search(
             memory_headroom=memory_headroom,
             gpus_per_node=gpus_per_node,
             framework=framework.value,
+            task=what.task.value,
+            lora_rank=what.lora_rank,
+            lora_targets=what.lora_targets.value,
         )
         defaults.announce(
             ctx,
@@ -217,7 +229,7 @@ def search(
         print(
             exports.export(
                 emit, result.best, r.model.layers, r.gbs, r.seq_len, r.precision,
-                experts=r.model.num_experts, mtp=r.model.mtp_layers,
+                experts=r.model.num_experts, mtp=r.model.mtp_layers, task=r.task,
             )
         )  # fmt: skip
     if not result.feasible:

@@ -11,7 +11,8 @@ from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import COUNT, COUNT0, OUT_FOLDER, SEED, checked
-from autoconfig.spec.vocab import Device, Recompute
+from autoconfig.spec.task import task_spec
+from autoconfig.spec.vocab import Device, Recompute, Task
 
 ZERO = checked(checks.integer, low=0, high=3)
 
@@ -56,6 +57,11 @@ def train(
     seed: int = typer.Option(1234, callback=SEED),
     compile: bool = typer.Option(False, help="torch.compile each layer"),
     slice: bool = typer.Option(False, help="one device with the per-rank shapes of --tp"),
+    task: str = typer.Option(
+        Task.PRETRAIN.value,
+        help="pretrain or sft (the bundled trainer trains every weight; lora and qlora are "
+        "refused)",
+    ),
     gpu: str = typer.Option(
         None, show_default="the GPU detected", help="GPU profile for MFU (training runs here)"
     ),
@@ -74,6 +80,11 @@ def train(
     # torch takes seconds to import: only `train` pays for it.
     from autoconfig.trainer import cli_train
 
+    if task_spec(task).adapters:  # sft is pretraining's step on other data: it runs as is
+        raise UserError(
+            f"task: the bundled trainer trains every weight; it cannot run {task} (use "
+            "estimate or search to predict it)"
+        )
     if gpus is not None and nproc is not None and gpus != nproc:
         raise UserError("gpus: give --gpus (or its old name --nproc), not both")
     if config is not None:  # the file states the whole run: a flag beside it would be lost

@@ -97,6 +97,11 @@ class Behaviour:
     # before the sharded step instead of a reduce-scatter.
     bf16_optimizer: Values = 0.0
     bf16_pass_bytes: Values = 0.0
+    # The run's task (spec.task.TaskSpec.columns: vocab.Task and vocab.LoraTargets codes, the
+    # adapters' rank): what the framework is asked to train, pretraining by default.
+    task: Values = 0.0
+    lora_rank: Values = 0.0
+    lora_targets: Values = 0.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

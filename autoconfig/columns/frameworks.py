@@ -10,6 +10,7 @@ import numpy as np
 
 from autoconfig.columns.build import Behaviour, reduce_bits
 from autoconfig.spec.schema import FrameworkSpec
+from autoconfig.spec.task import PRETRAIN, TaskSpec
 from autoconfig.spec.vocab import Recompute
 
 
@@ -124,9 +125,12 @@ def counts_ends_to_interleave(fw: FrameworkSpec) -> bool:
     return bool(fw.allows("ends_as_layers_split")) or fw.does.counts_ends_as_layers
 
 
-def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour:
+def behaviour(
+    fw: FrameworkSpec, precision: Any, flash: Any = None, task: TaskSpec = PRETRAIN
+) -> Behaviour:
     """The framework's Behaviour columns for runs at `precision` (one per row or one for all):
-    fp8 weights only with 8-bit recipes."""
+    fp8 weights only with 8-bit recipes; running `task` (spec.task, checked by the caller
+    against what the framework runs: `task.check_framework`)."""
     does = fw.does
     eight_bit = np.isin(np.asarray(precision, dtype=object).astype(str), ("fp8", "mxfp8"))
     # DeepSpeed's BF16_Optimizer runs bf16 training only (fp16 keeps the ZeRO optimizer)
@@ -157,6 +161,7 @@ def behaviour(fw: FrameworkSpec, precision: Any, flash: Any = None) -> Behaviour
         reduce_after_backward=reduce_bits(does.grad_reduce_after_backward.value),
         pipeline_reduce_after_backward=reduce_bits(does.pipeline_grad_reduce_after_backward.value),
         fsdp_copies=float(does.fsdp_copies.value),
+        **task.columns(),
     )
 
 

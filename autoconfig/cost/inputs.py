@@ -158,6 +158,12 @@ class CostInputs:
     bf16_optimizer: Col
     bf16_pass_bytes: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
+    # The training task (vocab.Task codes: pretrain 0, sft 1, lora 2, qlora 3), the LoRA
+    # adapters' rank and the layers they target (vocab.LoraTargets codes: qkv 1, attention 2,
+    # all 3; 0 without adapters). cost.finetune reads them.
+    task: Col
+    lora_rank: Col
+    lora_targets: Col
     # Index of the row's chip in `kernels` (its measured GEMM and attention tables); -1 where
     # the chip has none and the profile's efficiency constants time those ops.
     kernel_chip: Col
@@ -204,8 +210,8 @@ def column_fields() -> tuple[Field, ...]:
 
 # Framework-behaviour flags and their Megatron-LM values (overlapped gradient reduction,
 # sequence parallelism saving only the shard, bf16 working weights, fp32 gradients reduced,
-# fp32 master weights with fp32 Adam moments), and the architecture columns of plain dense
-# transformers.
+# fp32 master weights with fp32 Adam moments), the architecture columns of plain dense
+# transformers, and the pretraining task (every weight trained, no adapters).
 OPTIONAL_COLUMNS = {
     "overlap_grad_reduce": 1.0,
     "overlap_param_gather": 0.0,
@@ -234,6 +240,9 @@ OPTIONAL_COLUMNS = {
     "bf16_pass_bytes": 0.0,
     "etp": 1.0,
     "kernel_chip": -1.0,
+    "task": 0.0,
+    "lora_rank": 0.0,
+    "lora_targets": 0.0,
 }
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoconfig.cost import finetune
 from autoconfig.cost.inputs import SQUARED_RELU, SWIGLU, Col, CostInputs
 
 ZERO = np.float64(0.0)
@@ -58,6 +59,10 @@ class Op:
     # is a plain ColumnParallelLinear outside Transformer Engine's fp8 autocast, and
     # torchtitan's float8 conversion filters out its "output" module; the MoE router).
     sixteen_bit: bool = False
+    # A LoRA adapter (cost.finetune): trained while the base is frozen; its parameters
+    # (`adapter_params`, A and B on one rank) are counted apart from the base weights.
+    adapter: bool = False
+    adapter_params: Col | float = ZERO
 
     @property
     def present(self) -> np.ndarray:
@@ -140,8 +145,69 @@ def norm_params(x: CostInputs) -> Col:
 
 
 def layer_ops(x: CostInputs) -> list[Op]:
-    """The operations of one (average) layer for every candidate in `x`."""
-    return attention_ops(x) + mlp_ops(x) + mamba_ops(x)
+    """The operations of one (average) layer for every candidate in `x`: with LoRA, its
+    adapters, and with QLoRA, the dequantization of its NF4 weights."""
+    base = attention_ops(x) + mlp_ops(x) + mamba_ops(x)
+    if not finetune.any_frozen(x):
+        return base
+    return base + adapter_ops(x, base) + [dequantize_op(x, base)]
+
+
+def adapter_ops(x: CostInputs, base: list[Op]) -> list[Op]:
+    """A LoRA adapter beside each targeted base GEMM of k inputs and n outputs per rank (Hu et
+    al. 2021): A (k x r) then B (r x n), scaled and added to the base output. With tensor
+    parallelism A or B is split as the base weight is, the other replicated (torchtitan 0.3.0
+    components/lora.py; NeMo's ParallelLinearAdapter), so a rank holds r (k + n). Forward
+    FLOPs 2 r (k + n), backward both gradients of both (2x). Their GEMMs are thin (n = r or
+    k = r), so they run at memory speed (an arithmetic intensity of ~8 FLOP/byte at r 16, far
+    below any GPU's ridge): forward reads x (k), writes and reads A's output (2r), writes B's
+    output, scales it and adds it to the base output (6n, unfused as PEFT, torchtune and NeMo
+    run it); backward moves about as much (5k + 4r + 4n: both gradients of A and B and the
+    input gradient added into the base's), so `bwd_factor` 1. Each keeps A's output (r) for
+    B's weight gradient; its input is the one the base GEMM keeps."""
+    r = x.lora_rank
+    out = []
+    for op in base:
+        on = finetune.adapts(x, op.name)
+        if op.kind != "gemm" or op.routed or not np.any(on > 0) or not np.any(op.present):
+            continue
+        k, n = np.asarray(op.gemm_k, float), np.asarray(op.gemm_n, float)
+        # the share of layers that have the base GEMM: its FLOPs over 2 k n
+        share = on * np.asarray(op.flops) / np.maximum(2.0 * k * n, 1e-30)
+        out.append(
+            Op(
+                f"lora_{op.name}",
+                "memory",
+                flops=share * 2.0 * r * (k + n),
+                saved=share * 2.0 * r,
+                moved=share * 2.0 * (k + 2.0 * r + 6.0 * n),
+                kernels=np.where(share > 0, 4.0, 0.0),
+                bwd_factor=1.0,
+                adapter=True,
+                adapter_params=share * r * (k + n),
+            )
+        )
+    return out
+
+
+def dequantize_op(x: CostInputs, base: list[Op]) -> Op:
+    """QLoRA's dequantization of the layer's NF4 weights on one rank to bf16 before their GEMMs
+    (Dettmers et al. 2023, Sec. 3): reads 4.127 bits and writes 2 bytes a parameter, once per
+    micro-batch in forward and again in backward (bwd_factor 1), per token of the micro-batch.
+    A recomputed forward dequantizes again, as the op list's recompute timing charges."""
+    gemms = [op for op in base if op.kind == "gemm" and not op.sixteen_bit]
+    params = total(gemms, "weight_bytes") / 2.0
+    tokens = x.mbs * x.seq / x.cp
+    per_param = finetune.NF4_BYTES_PER_PARAM + finetune.DEQUANTIZED_BYTES
+    q = finetune.quantized(x)
+    present = sum((np.asarray(op.flops) > 0).astype(float) for op in gemms)
+    return Op(
+        "nf4_dequant",
+        "memory",
+        moved=q * params * per_param / tokens,
+        kernels=q * present,
+        bwd_factor=1.0,
+    )
 
 
 def attention_ops(x: CostInputs) -> list[Op]:

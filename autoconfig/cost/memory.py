@@ -6,6 +6,8 @@ Sources:
   (Megatron-LM docs, "Distributed Optimizer"); ZeRO-2/3 shard gradients and weights too
   (Rajbhandari et al. 2020, "ZeRO", Sec. 5).
 - Activations per layer from the op list (layer.py, Korthikanti et al. 2022).
+- LoRA and QLoRA (cost.finetune): frozen base weights keep only their working copy (NF4 under
+  QLoRA), the adapters train with full state (`task_state_bytes`).
 - 1F1B: the first stage holds min(p, m) micro-batches; interleaved schedules hold
   2(p-r-1) + (v-1)p + 1 model chunks on rank r, which for r = 0 is the (1 + (p-1)/(p v))
   factor of Korthikanti et al. 2022, Sec. 4.2.3 (Megatron-LM's warm-up counts).
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoconfig.cost import finetune
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
@@ -28,6 +31,7 @@ from autoconfig.cost.inputs import (
     stage_layers,
 )
 from autoconfig.cost.layer import (
+    ZERO,
     Op,
     embedding_ops,
     head_ops,
@@ -50,6 +54,15 @@ class StageParams:
     layer_dense: Col  # one layer's non-expert params on one rank (ZeRO-3 gather unit)
     layer_expert: Col
     expert_shards: Col  # expert data parallelism: tp*dp*cp / (ep*etp) ranks hold each expert
+    # Fine-tuning (cost.finetune; zero where no candidate freezes its base): the LoRA adapters'
+    # parameters, and of the non-expert parameters those of the layers' linear weights (NF4
+    # under QLoRA), on the rank of the first and of the last stage, and per layer.
+    adapter_first: Col = ZERO
+    adapter_last: Col = ZERO
+    linear_first: Col = ZERO
+    linear_last: Col = ZERO
+    layer_adapter: Col = ZERO
+    layer_linear: Col = ZERO
 
     @property
     def busiest_dense(self) -> Col:
@@ -59,6 +72,14 @@ class StageParams:
     @property
     def busiest_expert(self) -> Col:
         return np.maximum(self.expert, self.expert_last)
+
+    @property
+    def busiest_adapter(self) -> Col:
+        return np.maximum(self.adapter_first, self.adapter_last)
+
+    @property
+    def busiest_linear(self) -> Col:
+        return np.maximum(self.linear_first, self.linear_last)
 
 
 def layer_params(ops: list[Op]) -> tuple[Col, Col]:
@@ -88,8 +109,31 @@ def stage_params(x: CostInputs, ops: list[Op] | None = None) -> StageParams:
     expert = per_stage * layer_expert
     expert_last = last_layers * layer_expert + x.mtp * layer_expert
     shards = np.maximum(x.tp * x.dp * x.cp / (x.ep * x.etp), 1.0)
+    if not finetune.any_frozen(x):
+        return StageParams(
+            dense_first, dense_last, expert, expert_last, layer_dense, layer_expert, shards
+        )
+    ops = ops if ops is not None else layer_ops(x)
+    gemms = [op for op in ops if op.kind == "gemm" and not op.routed and not op.sixteen_bit]
+    layer_linear = total(gemms, "weight_bytes") / 2.0
+    layer_adapter = total(ops, "adapter_params")
+    # the last stage's multi-token-prediction blocks each hold a layer
+    first_layers = per_stage + np.where(single, x.mtp, 0.0)
+    last_layers_all = last_layers + x.mtp
     return StageParams(
-        dense_first, dense_last, expert, expert_last, layer_dense, layer_expert, shards
+        dense_first,
+        dense_last,
+        expert,
+        expert_last,
+        layer_dense,
+        layer_expert,
+        shards,
+        adapter_first=first_layers * layer_adapter,
+        adapter_last=last_layers_all * layer_adapter,
+        linear_first=first_layers * layer_linear,
+        linear_last=last_layers_all * layer_linear,
+        layer_adapter=layer_adapter,
+        layer_linear=layer_linear,
     )
 
 
@@ -103,6 +147,24 @@ def state_bytes(x: CostInputs, params: Col, shard: Col) -> tuple[Col, Col, Col]:
     weights = np.where(zero >= 3, x.param_bytes / shard, x.param_bytes) * params
     grads = np.where(zero >= 2, 4.0 / shard, 4.0) * params
     optim = np.where(zero >= 1, x.optim_bytes / shard, x.optim_bytes) * params
+    return weights, grads, optim
+
+
+def task_state_bytes(
+    x: CostInputs, params: Col, linear: Col, adapters: Col, shard: Col
+) -> tuple[Col, Col, Col]:
+    """(weights, gradients, optimizer) bytes as `state_bytes`, for a task that may freeze its
+    base (cost.finetune): `params` base parameters, of which `linear` are the layers' linear
+    weights, and `adapters` LoRA parameters. Frozen weights keep only their working copy (NF4
+    linear weights under QLoRA): no gradient, no optimizer state, no fp32 master copy (Hu et
+    al. 2021, Sec. 4.2); the adapters train as every weight of a full run does (16-bit working
+    copy, fp32 gradient, fp32 master and Adam moments). ZeRO shards them as it shards any."""
+    zero = np.where((x.zero >= 3) & (x.pp > 1), 1.0, x.zero)
+    trained = (1.0 - finetune.frozen(x)) * params + adapters
+    base = x.param_bytes * (params - linear) + finetune.base_weight_bytes(x) * linear
+    weights = np.where(zero >= 3, 1.0 / shard, 1.0) * (base + x.param_bytes * adapters)
+    grads = np.where(zero >= 2, 4.0 / shard, 4.0) * trained
+    optim = np.where(zero >= 1, x.optim_bytes / shard, x.optim_bytes) * trained
     return weights, grads, optim
 
 
@@ -182,6 +244,16 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     # ZeRO-3 holds the gathered weights (and their gradients) of the layer it computes and of
     # the one it prefetches.
     gathered = 2.0 * (x.param_bytes + 4.0) * (p.layer_dense + p.layer_expert)
+    tuning = finetune.any_frozen(x)
+    if tuning:
+        # a frozen layer gathers its weights (NF4 linears under QLoRA) without gradients
+        frozen_layer = task_state_bytes(
+            x, p.layer_dense, p.layer_linear, p.layer_adapter, np.float64(1.0)
+        )[:2]
+        expert_layer = task_state_bytes(x, p.layer_expert, p.layer_expert, ZERO, np.float64(1.0))[
+            :2
+        ]
+        gathered = 2.0 * (sum(frozen_layer) + sum(expert_layer))
     zero3_gather = np.where((x.zero >= 3) & (x.pp == 1), gathered, 0.0)
     # The last stage also runs the multi-token-prediction blocks.
     mtp_act = x.mtp * (plain + 2.0 * 2.0 * x.hidden * tokens)
@@ -192,12 +264,34 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     first_flight, last_flight = in_flight(x, 0.0), in_flight(x, last_stage_rank(x))
     parts = []
     single = x.pp == 1
-    for dense, experts, flight, buffers, act, working in (
-        (p.dense_first, p.expert, first_flight, emb * first_flight, stage_act, transient),
-        (p.dense_last, p.expert_last, last_flight, head + mtp_act, last_act, last_transient),
+    for dense, experts, flight, buffers, act, working, linear, adapters in (
+        (
+            p.dense_first,
+            p.expert,
+            first_flight,
+            emb * first_flight,
+            stage_act,
+            transient,
+            p.linear_first,
+            p.adapter_first,
+        ),
+        (
+            p.dense_last,
+            p.expert_last,
+            last_flight,
+            head + mtp_act,
+            last_act,
+            last_transient,
+            p.linear_last,
+            p.adapter_last,
+        ),
     ):
-        w, g, o = state_bytes(x, dense, shard)
-        ew, eg, eo = state_bytes(x, experts, p.expert_shards)
+        if tuning:
+            w, g, o = task_state_bytes(x, dense, linear, adapters, shard)
+            ew, eg, eo = task_state_bytes(x, experts, experts, ZERO, p.expert_shards)
+        else:
+            w, g, o = state_bytes(x, dense, shard)
+            ew, eg, eo = state_bytes(x, experts, p.expert_shards)
         buffers = np.where(single, emb + head + mtp_act, buffers)
         parts.append(
             (

@@ -33,6 +33,9 @@
   Attention"). EP: all-to-all dispatch and combine, forward and backward (Lepikhin et al.
   2020, GShard), exposed.
 - Multi-token prediction adds its block and a second LM head to the last pipeline stage.
+- LoRA and QLoRA (cost.finetune): a frozen GEMM's backward is its input gradient alone;
+  data parallelism reduces (and ZeRO-1/2 gathers back) only the adapters, while ZeRO-3 and
+  FSDP still gather every weight; the optimizer updates only the adapters.
 - Gradient accumulation: a framework that does not add each micro-batch's weight gradients
   inside the GEMM (as Megatron's gradient_accumulation_fusion does into fp32 main_grad) makes
   memory-bound passes over them every micro-batch: nanotron adds bf16 gradients into fp32
@@ -47,7 +50,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoconfig.cost import comm, kernel_time
+from autoconfig.cost import comm, finetune, kernel_time
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
@@ -123,7 +126,9 @@ def _op_times(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col]:
             compute = compute / wave_utilization(tokens, op.tile_width, x.sms)
         gemm = np.maximum(compute, traffic / bandwidth)
         cast_f, cast_b = _quantize_passes(x, op, tokens)
-        return gemm + cast_f, op.bwd_factor * gemm + cast_b
+        # a frozen weight needs no weight gradient: backward is the input gradient alone
+        bwd_factor = op.bwd_factor - finetune.frozen(x) if finetune.any_frozen(x) else op.bwd_factor
+        return gemm + cast_f, bwd_factor * gemm + cast_b
     if op.kind == "attention":
         causal = np.where(x.flash > 0, 0.5, 1.0)
         flops = op.flops * tokens * causal
@@ -187,7 +192,13 @@ def _measured_gemm(x: CostInputs, op: Op, tokens: Col) -> tuple[Col, Col] | None
     peak = x.peak_flops
     cast_f, cast_b = _quantize_passes(x, op, tokens)
     fwd = flops / (peak * forward) + cast_f
-    bwd = flops / (peak * dgrad) + flops / (peak * wgrad) + cast_b
+    wgrad_s = flops / (peak * wgrad)
+    if finetune.any_frozen(x):
+        # LoRA skips the frozen weights' weight-gradient GEMMs and keeps the input-gradient
+        # ones, which carry the gradient down to the adapters of earlier layers (Hu et al.
+        # 2021, Sec. 4.2): a step's base GEMMs are about 2/3 of a full step's.
+        wgrad_s = (1.0 - finetune.frozen(x)) * wgrad_s
+    bwd = flops / (peak * dgrad) + wgrad_s + cast_b
     fallback_f, fallback_b = _fallback_gemm(x, op, tokens, np.isnan(fwd) | np.isnan(bwd))
     return (
         np.where(np.isnan(fwd), fallback_f, np.where(op.present, fwd, 0.0)),
@@ -459,10 +470,31 @@ def _gradient_accumulation(x: CostInputs, p: StageParams, m: Col) -> Col:
     """Per step, the passes over the busiest rank's weight gradients that accumulate them
     outside the weight-gradient GEMM (memory-bound): `grad_pass_bytes` per parameter in every
     micro-batch, `grad_accumulate_bytes` in every one but the first."""
-    held = p.busiest_dense + p.busiest_expert
+    held = sum(trained_params(x, p))
     moved = m * (x.grad_pass_bytes + np.where(_bf16_optimizer(x), x.bf16_pass_bytes, 0.0))
     moved = moved + np.maximum(m - 1.0, 0.0) * x.grad_accumulate_bytes
     return held * moved / (x.hbm_bytes_s * x.eff_memory)
+
+
+def trained_params(x: CostInputs, p: StageParams) -> tuple[Col, Col]:
+    """(non-expert, expert) parameters of the busiest rank that train, whose gradients are
+    accumulated, reduced over data parallelism and updated: all of them, or with a frozen base
+    (LoRA, QLoRA) only the adapters (cost.finetune)."""
+    if not finetune.any_frozen(x):
+        return p.busiest_dense, p.busiest_expert
+    trained = 1.0 - finetune.frozen(x)
+    return trained * p.busiest_dense + p.busiest_adapter, trained * p.busiest_expert
+
+
+def held_weight_bytes(x: CostInputs, p: StageParams) -> tuple[Col, Col]:
+    """(non-expert, expert) bytes of the busiest rank's working weights, which ZeRO-3 and FSDP
+    gather whether they train or not: every weight at the working precision, the layers'
+    linear weights in NF4 under QLoRA, and the adapters."""
+    if not finetune.any_frozen(x):
+        return x.param_bytes * p.busiest_dense, x.param_bytes * p.busiest_expert
+    base = finetune.base_weight_bytes(x)
+    dense = x.param_bytes * (p.busiest_dense - p.busiest_linear + p.busiest_adapter)
+    return dense + base * p.busiest_linear, base * p.busiest_expert
 
 
 def _has_stage_bit(bits: Col, zero: Col) -> np.ndarray:
@@ -516,13 +548,24 @@ def _fsdp_copies(x: CostInputs, p: StageParams, m: Col) -> Col:
     every = (x.zero >= 3) | _reduces_every_micro_batch(x)
     reductions = np.where(every & ~piped, m, 1.0)
     read = np.where(piped, x.grad_comm_bytes, 2.0)  # the fp32 accumulator, or bf16 gradients
+    bandwidth = x.hbm_bytes_s * x.eff_memory
+    if finetune.any_frozen(x):
+        # every weight is gathered (and copied out), only the trained ones reduced
+        (weights, expert_weights), (grads, expert_grads) = (
+            held_weight_bytes(x, p),
+            trained_params(x, p),
+        )
+        dense_on, expert_on = x.dp * x.cp > 1, p.expert_shards > 1
+        gathered = np.where(dense_on, weights, 0.0) + np.where(expert_on, expert_weights, 0.0)
+        reduced = np.where(dense_on, grads, 0.0) + np.where(expert_on, expert_grads, 0.0)
+        copied_bytes = gathers * 2.0 * gathered + reductions * (read + x.grad_comm_bytes) * reduced
+        return np.where((x.fsdp_copies > 0) & resharding, copied_bytes / bandwidth, 0.0)
     copied = gathers * 2.0 * x.param_bytes + reductions * (read + x.grad_comm_bytes)
     # the parameters a rank holds in a group of more than one (a group of one is charged
     # nothing, though torchtitan wraps it in fully_shard too)
     held = np.where(x.dp * x.cp > 1, p.busiest_dense, 0.0) + np.where(
         p.expert_shards > 1, p.busiest_expert, 0.0
     )
-    bandwidth = x.hbm_bytes_s * x.eff_memory
     return np.where((x.fsdp_copies > 0) & resharding, copied * held / bandwidth, 0.0)
 
 
@@ -541,7 +584,9 @@ def _data_parallel(
     stage_fwd: Col,
 ) -> tuple[Col, Col]:
     """Exposed gradient/weight communication and the optimizer step, per step."""
-    dense, expert = p.busiest_dense, p.busiest_expert
+    # Data parallelism reduces, and ZeRO-1/2 gathers back, only what trains (with a frozen base,
+    # the adapters); ZeRO-3 gathers every weight before its forward and its backward.
+    dense, expert = trained_params(x, p)
     size, expert_size = x.dp * x.cp, p.expert_shards
     link, expert_link = comm.dp_link(x), comm.group_link(x, expert_size, x.ep * x.etp)
 
@@ -556,6 +601,12 @@ def _data_parallel(
     ar_d, rs_d, ag_d = collectives(dense, size, link)
     ar_e, rs_e, ag_e = collectives(expert, expert_size, expert_link)
     ar, rs, ag = ar_d + ar_e, rs_d + rs_e, ag_d + ag_e
+    ag_all = ag
+    if finetune.any_frozen(x):
+        weights, expert_weights = held_weight_bytes(x, p)
+        ag_all = comm.all_gather(weights, size, link) + comm.all_gather(
+            expert_weights, expert_size, expert_link
+        )
     hides = (x.overlap_grad_reduce > 0) & ~_reduces_after_backward(x)
     window_b = np.where(hides, per_stage * b_layer, 0.0)
     window_f = np.where(x.overlap_param_gather > 0, stage_fwd, 0.0)
@@ -564,7 +615,7 @@ def _data_parallel(
     # the whole backward hides behind none (window_b is zero there).
     reductions = np.where(_reduces_every_micro_batch(x), m, 1.0)
     layers = np.maximum(per_stage, 1.0)
-    ag_l, rs_l = ag / layers, rs / layers
+    ag_l, rs_l = ag_all / layers, rs / layers
     # One micro-batch's forward under FSDP: each layer's weights gathered before it, one layer
     # prefetched, so what exceeds a layer's compute is exposed and the first gather is not hidden.
     forward_gathers = per_stage * np.maximum(ag_l - f_layer, 0.0) + ag_l
@@ -585,7 +636,12 @@ def _data_parallel(
     # unreduced from the first micro-batch to the last (torch.distributed.pipelining.stage:
     # set_reshard_after_backward(False), set_requires_gradient_sync(False)): once per step,
     # as with ZeRO-1/2.
-    zero3 = np.where(x.pp > 1, zero12, zero3)
+    if finetune.any_frozen(x):
+        # a pipelined ZeRO-3 stage gathers every weight once a step, frozen or not
+        piped = reductions * np.maximum(reduce - window_b, 0.0) + np.maximum(ag_all - window_f, 0.0)
+        zero3 = np.where(x.pp > 1, piped, zero3)
+    else:
+        zero3 = np.where(x.pp > 1, zero12, zero3)
     dp_comm = np.select([x.zero >= 3, x.zero >= 1], [zero3, zero12], zero0)
     dp_comm = np.where(size * np.maximum(expert_size, 1.0) > 1, dp_comm, 0.0)
     # Adam reads the gradients and its states, writes the states and the working weights.

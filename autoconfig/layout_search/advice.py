@@ -68,7 +68,7 @@ def _evaluate(layouts: pd.DataFrame, request: SearchRequest) -> dict[str, np.nda
         layouts,
         r.gbs,
         r.seq_len,
-        frameworks.behaviour(r.framework, r.precision, float(r.flash_attention)),
+        frameworks.behaviour(r.framework, r.precision, float(r.flash_attention), r.task),
     )
     with np.errstate(all="ignore"):
         return evaluate(inputs)

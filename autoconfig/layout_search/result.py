@@ -10,6 +10,7 @@ import pandas as pd
 
 from autoconfig.layout_search.rank import Constraints
 from autoconfig.spec.schema import ClusterSpec, FrameworkSpec, GPUSpec, ModelSpec, SearchSpace
+from autoconfig.spec.task import PRETRAIN, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class SearchRequest:
     framework: FrameworkSpec
     flash_attention: bool = True
     gbs_rule: str = ""  # where the batch came from (layout_search/batch.py), printed with results
+    task: TaskSpec = PRETRAIN  # what the run trains (spec.task)
 
 
 @dataclass
@@ -86,6 +88,7 @@ class SearchResult:
             "gbs_rule": r.gbs_rule,
             "precision": str(r.precision),
             "framework": r.framework.name,
+            "task": r.task.label(),
             "layers": r.model.layers,
             "enumerated": self.enumerated,
             "dropped": self.dropped,

@@ -19,7 +19,14 @@ from autoconfig.layout_search.result import SearchRequest, SearchResult
 from autoconfig.layout_search.space import enumerate_candidates, load_space
 from autoconfig.spec import catalog, defaults, layout
 from autoconfig.spec.schema import ModelSpec, SearchSpace
-from autoconfig.spec.vocab import Precision
+from autoconfig.spec.task import (
+    DEFAULT_LORA_RANK,
+    DEFAULT_LORA_TARGETS,
+    check_framework,
+    check_model,
+    task_spec,
+)
+from autoconfig.spec.vocab import Precision, Task
 
 
 def make_request(
@@ -40,6 +47,9 @@ def make_request(
     gpus_per_node: int | None = None,
     flash_attention: bool = True,
     framework: str = defaults.FRAMEWORK.value,
+    task: str = Task.PRETRAIN.value,
+    lora_rank: int = DEFAULT_LORA_RANK,
+    lora_targets: str = DEFAULT_LORA_TARGETS.value,
 ) -> SearchRequest:
     """The request with every default resolved; bad input is one UserError line. The one
     resolver of a training question: the search, `estimate` and `plan` all ask it, so each
@@ -64,6 +74,9 @@ def make_request(
     if precision not in fw.allows("precisions"):
         allowed = ", ".join(fw.allows("precisions"))
         raise UserError(f"precision: {fw.name} trains in {allowed}, not {precision}")
+    what = task_spec(task, lora_rank, lora_targets)
+    check_framework(what, fw, precision)
+    check_model(what, spec)
     cluster = catalog.cluster_for(gpu_spec, gpus_per_node)
     seq = seq_len or spec.seq_len
     if spec.max_seq_len and seq > spec.max_seq_len:
@@ -99,6 +112,7 @@ def make_request(
         constraints=Constraints(fixed, max_tp, max_pp, min_dp, max_memory_gib, memory_headroom),
         framework=fw,
         flash_attention=flash_attention,
+        task=what,
     )
 
 
@@ -121,7 +135,7 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
         cands.table,
         req.gbs,
         req.seq_len,
-        frameworks.behaviour(req.framework, req.precision, float(req.flash_attention)),
+        frameworks.behaviour(req.framework, req.precision, float(req.flash_attention), req.task),
     )
     with np.errstate(all="ignore"):
         table = rank(cands.table, inputs, req.constraints)

@@ -18,7 +18,8 @@ from autoconfig.columns import frameworks
 from autoconfig.cost.inputs import even_split_layers, interleaves_by_counting_ends
 from autoconfig.spec import layout
 from autoconfig.spec.layout import ANY
-from autoconfig.spec.vocab import Framework
+from autoconfig.spec.task import PRETRAIN, TaskSpec
+from autoconfig.spec.vocab import Framework, LoraTargets, Task
 
 # Run-level settings, after the layout's own (formatted with the same context).
 RUN_FLAGS: dict[Framework, tuple[str, ...]] = {
@@ -208,19 +209,143 @@ def export(
     precision: str,
     experts: int = 0,
     mtp: int = 0,
+    task: TaskSpec = PRETRAIN,
 ) -> str:
     """The launch settings as text the framework reads, for the layout in `row` of a model of
-    `layers` layers, `experts` routed experts and `mtp` multi-token-prediction layers."""
+    `layers` layers, `experts` routed experts and `mtp` multi-token-prediction layers, training
+    `task` (spec.task: its fine-tuning settings follow the layout's)."""
     framework = Framework.parse(framework, "emit")
     ctx = context(row, layers, gbs, seq_len, precision, experts, mtp)
-    settings = lines(framework, row, ctx)
+    settings = lines(framework, row, ctx) + task_settings(framework, task)
     if framework is Framework.NEMO:
-        return "\n".join([HEADER[framework], *settings])
+        header = HEADER[framework] if task.task is Task.PRETRAIN else NEMO_FINETUNE_HEADER
+        return "\n".join([header, *settings])
     if framework is Framework.TORCHTITAN:
-        return _toml(settings)
+        return "\n".join([*task_comments(framework, task), _toml(settings)])
     if framework in YAML:
         return _yaml(settings)
+    if framework is Framework.DEEPSPEED:
+        return "\n".join([*task_comments(framework, task), " \\\n  ".join(settings)])
     return " \\\n  ".join(settings)
+
+
+# -- the task ------------------------------------------------------------------------------------
+
+NEMO_FINETUNE_HEADER = (
+    "# NeMo 2.0: apply to the finetune recipe of your model "
+    "(recipe = llm.<model>.finetune_recipe(...); nemo-toolkit 2.7.3, megatron-bridge 0.3.1)"
+)
+
+# The adapted linear layers as each framework names them, by --lora-targets (the MLP and Mamba
+# projections join with `all`):
+# - NeMo 2 / Megatron-Bridge: megatron-bridge 0.3.1 peft/lora.py (target_modules default
+#   linear_qkv, linear_proj, linear_fc1, linear_fc2);
+# - torchtitan 0.3.0 components/lora.py (the last segment of each Linear's name: wq, wk, wv,
+#   wo, w1, w2, w3 in its Llama models);
+# - torchtune 0.6.1 (lora_attn_modules q_proj, k_proj, v_proj, output_proj; apply_lora_to_mlp
+#   for w1, w2, w3);
+# - Hugging Face PEFT LoraConfig (Llama-style q_proj, k_proj, v_proj, o_proj, gate_proj,
+#   up_proj, down_proj).
+TARGET_NAMES: dict[str, dict[LoraTargets, tuple[str, ...]]] = {
+    "nemo": {
+        LoraTargets.QKV: ("linear_qkv",),
+        LoraTargets.ATTENTION: ("linear_qkv", "linear_proj"),
+        LoraTargets.ALL: ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"),
+    },
+    "torchtitan": {
+        LoraTargets.QKV: ("wq", "wk", "wv"),
+        LoraTargets.ATTENTION: ("wq", "wk", "wv", "wo"),
+        LoraTargets.ALL: ("wq", "wk", "wv", "wo", "w1", "w2", "w3"),
+    },
+    "torchtune": {
+        LoraTargets.QKV: ("q_proj", "k_proj", "v_proj"),
+        LoraTargets.ATTENTION: ("q_proj", "k_proj", "v_proj", "output_proj"),
+        LoraTargets.ALL: ("q_proj", "k_proj", "v_proj", "output_proj"),
+    },
+    "peft": {
+        LoraTargets.QKV: ("q_proj", "k_proj", "v_proj"),
+        LoraTargets.ATTENTION: ("q_proj", "k_proj", "v_proj", "o_proj"),
+        LoraTargets.ALL: (
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ),
+    },
+}
+
+
+def _names(kind: str, task: TaskSpec) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in TARGET_NAMES[kind][task.lora_targets]) + "]"
+
+
+def task_settings(framework: Framework, task: TaskSpec) -> list[str]:
+    """The task's settings among the framework's own lines (none for pretraining): full
+    fine-tuning from a checkpoint, or the LoRA adapters. A task the framework cannot run was
+    refused before (spec.task.check_framework)."""
+    if task.task is Task.PRETRAIN:
+        return []
+    if framework is Framework.NEMO:
+        if not task.adapters:
+            return ["recipe.peft = None  # full fine-tuning: finetune_recipe(peft_scheme=None)"]
+        # alpha = 2r, as the recipes pair them (torchtune, NeMo AutoModel: dim 16, alpha 32)
+        return [
+            f"recipe.peft = llm.peft.LoRA(target_modules={_names('nemo', task)}, "
+            f"dim={task.lora_rank}, alpha={2 * task.lora_rank})"
+        ]
+    if framework is Framework.MEGATRON:
+        # Megatron-LM arguments.py: --finetune loads the weights without optimizer state or step
+        return ["--finetune"]
+    return []
+
+
+def task_comments(framework: Framework, task: TaskSpec) -> list[str]:
+    """Comment lines with the adapters' settings where the framework sets them in code or in a
+    library beside it (torchtitan's model converters, Hugging Face PEFT under DeepSpeed), and
+    the same run as a torchtune recipe."""
+    if not task.adapters:
+        return []
+    r, alpha = task.lora_rank, 2 * task.lora_rank
+    out: list[str] = []
+    if framework is Framework.TORCHTITAN:
+        out.append(
+            "# LoRA (torchtitan 0.3.0 components/lora.py): add to the trainer config's model "
+            f"converters LoRAConverter.Config(rank={r}, alpha={alpha}.0, "
+            f"target_modules={_names('torchtitan', task)})"
+        )
+    if framework is Framework.DEEPSPEED:
+        quant = (
+            ", with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', "
+            "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)"
+            if task.task is Task.QLORA
+            else ""
+        )
+        out.append(
+            f"# Hugging Face PEFT (peft 0.17): LoraConfig(r={r}, lora_alpha={alpha}, "
+            f"target_modules={_names('peft', task)}){quant}"
+        )
+    out.append("# the same run in torchtune 0.6.1: " + torchtune_recipe(task))
+    return out
+
+
+def torchtune_recipe(task: TaskSpec) -> str:
+    """The torchtune 0.6.1 recipe and overrides of a fine-tuning task: its distributed LoRA or
+    full recipe (QLoRA runs in the LoRA recipe with a qlora_* model builder) with the adapters'
+    rank and targets."""
+    if not task.adapters:
+        return "tune run --nproc_per_node <gpus> full_finetune_distributed --config <model>_full"
+    recipe = "lora_finetune_distributed"
+    builder = "qlora" if task.task is Task.QLORA else "lora"
+    mlp = task.lora_targets is LoraTargets.ALL
+    return (
+        f"tune run --nproc_per_node <gpus> {recipe} --config <model>_{builder} "
+        f"model.lora_rank={task.lora_rank} model.lora_alpha={2 * task.lora_rank} "
+        f"model.lora_attn_modules={_names('torchtune', task)} "
+        f"model.apply_lora_to_mlp={mlp}"
+    )
 
 
 def _toml(settings: list[str]) -> str:

@@ -10,7 +10,7 @@ while the other rows go on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 
 import numpy as np
@@ -24,6 +24,13 @@ from autoconfig.columns.build import Behaviour, Hardware, training_inputs
 from autoconfig.cost.inputs import CostInputs, busiest_rank_layers
 from autoconfig.spec import catalog, layout
 from autoconfig.spec.schema import FrameworkSpec, GPUSpec, ModelSpec
+from autoconfig.spec.task import (
+    DEFAULT_LORA_RANK,
+    DEFAULT_LORA_TARGETS,
+    check_framework,
+    check_model,
+    task_spec,
+)
 from autoconfig.spec.vocab import (
     BOOLEAN_WORDS,
     Framework,
@@ -32,6 +39,7 @@ from autoconfig.spec.vocab import (
     Position,
     Precision,
     Recompute,
+    Task,
     boolean_or_none,
 )
 
@@ -448,6 +456,47 @@ def read_behaviour(
     return Behaviour(**values)
 
 
+def read_tasks(
+    df: pd.DataFrame,
+    fws: list[FrameworkSpec],
+    models: list[ModelSpec],
+    precision: pd.Series,
+    err: Errors,
+) -> dict[str, np.ndarray]:
+    """Each row's task columns (spec.task.TaskSpec.columns): `task` (blank: pretrain),
+    `lora_rank` (blank: 16) and `lora_targets` (blank: all), each checked as the flags are
+    (spec.task), and against what the row's framework runs; the first bad cell is the row's
+    error."""
+    texts = {c: text_column(df, c) for c in ("task", "lora_rank", "lora_targets")}
+    cells = pd.DataFrame(texts, index=df.index)
+    cells["lora_rank"] = cells["lora_rank"].replace({u: str(DEFAULT_LORA_RANK) for u in UNKNOWN})
+    cells["lora_targets"] = cells["lora_targets"].replace(
+        {u: DEFAULT_LORA_TARGETS.value for u in UNKNOWN}
+    )
+    cells["task"] = cells["task"].replace({u: Task.PRETRAIN.value for u in UNKNOWN})
+    out = {name: np.zeros(len(df)) for name in ("task", "lora_rank", "lora_targets")}
+    key = cells.astype(str).agg("|".join, axis=1)
+    for text in key.unique():
+        rows = (key == text).to_numpy()
+        first = cells[rows].iloc[0]
+        try:
+            spec = task_spec(first["task"], first["lora_rank"], first["lora_targets"])
+        except UserError as exc:
+            err.add(rows, str(exc))
+            continue
+        for name, value in spec.columns().items():
+            out[name][rows] = value
+        if spec.task is Task.PRETRAIN:
+            continue  # every framework pretrains every model
+        for pos in np.flatnonzero(rows):
+            try:
+                check_framework(spec, fws[pos], str(precision.iloc[pos]))
+                check_model(spec, models[pos])
+            except UserError as exc:
+                err.add(df.index == df.index[pos], str(exc))
+    return out
+
+
 def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     for col in REQUIRED:
         if col not in df:
@@ -528,6 +577,8 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
             err.add(mine & np.asarray(bad, bool) & known, f"{name}: {rule}")
     gpus = read_gpus(df, num, precision, err)
     behaviour = read_behaviour(df, fws, precision, err)
+    tasks = read_tasks(df, fws, models, precision, err)
+    behaviour = replace(behaviour, **tasks)
 
     bad = err.bad
     clean = layouts.copy()
@@ -547,6 +598,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
                 precision=precision,
                 framework=[f.name for f in fws],
                 flash_attention=np.asarray(behaviour.flash_attention) > 0,
+                task=[Task.values()[int(code)] for code in tasks["task"]],
             ),
             arch,
         ],

@@ -605,6 +605,12 @@ class FrameworkCapabilities(_Spec):
     # run states the rank's batch rather than the micro-batch (0: the stated batch is the
     # micro-batch).
     pipeline_microbatch: Sourced = Sourced(value=0, source="the stated batch is the micro-batch")
+    # The training tasks it runs (vocab.Task values): sft is pretraining's physics on other
+    # data, so every framework runs both; lora and qlora where it trains adapters on a frozen
+    # (NF4) base.
+    tasks: Sourced = Sourced(
+        value=["pretrain", "sft"], source="no adapter training (LoRA, QLoRA) stated"
+    )
 
     @field_validator(*_CAN_OR_NOT)
     @classmethod

@@ -88,6 +88,50 @@ class Recompute(Choice):
 _RECOMPUTE_CODES = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2, Recompute.OP: 3}
 
 
+class Task(Choice):
+    """What a training run trains: pretrain and sft (full fine-tuning) train every weight and
+    cost the same (the data differs); lora trains low-rank adapters on frozen 16-bit base
+    weights (Hu et al. 2021, "LoRA"); qlora the same on 4-bit NF4 base weights (Dettmers et al.
+    2023, "QLoRA")."""
+
+    PRETRAIN = "pretrain"
+    SFT = "sft"
+    LORA = "lora"
+    QLORA = "qlora"
+
+    @property
+    def code(self) -> int:
+        """The number the cost model's `task` column holds."""
+        return _TASK_CODES[self]
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the run trains adapters on a frozen base."""
+        return self in (Task.LORA, Task.QLORA)
+
+
+_TASK_CODES = {Task.PRETRAIN: 0, Task.SFT: 1, Task.LORA: 2, Task.QLORA: 3}
+
+
+class LoraTargets(Choice):
+    """The linear layers that carry adapters: qkv (the query, key and value projections),
+    attention (those and the output projection), all (every linear layer of a transformer
+    layer: attention, MLP and Mamba projections; not the LM head, the router or routed
+    experts)."""
+
+    QKV = "qkv"
+    ATTENTION = "attention"
+    ALL = "all"
+
+    @property
+    def code(self) -> int:
+        """The number the cost model's `lora_targets` column holds."""
+        return _TARGET_CODES[self]
+
+
+_TARGET_CODES = {LoraTargets.QKV: 1, LoraTargets.ATTENTION: 2, LoraTargets.ALL: 3}
+
+
 class ZeroStage(IntEnum):
     """What data-parallel ranks shard (Rajbhandari et al. 2020, "ZeRO", Sec. 5): 1 = the
     optimizer states (Megatron's distributed optimizer), 2 = + gradients, 3 = + weights (FSDP
