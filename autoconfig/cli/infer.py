@@ -30,6 +30,9 @@ from autoconfig.cli.options import (
     read_csv,
 )
 from autoconfig.report import files, serving, terminal
+from autoconfig.serve import fewest as fewest_gpus
+from autoconfig.serve.features import MAX_SPECULATIVE_TOKENS, MODELLED_METHODS
+from autoconfig.serve.features import checked as features_checked
 from autoconfig.serve.result import ServingResult
 from autoconfig.serve.workload import DEFAULT_REQUESTS, MAX_REQUESTS, MIN_REQUESTS
 
@@ -54,6 +57,10 @@ from autoconfig.spec.vocab import (
 # Simulated requests: each is a column of the simulation's [deployments x requests] arrays.
 REQUESTS = checked(checks.integer, low=MIN_REQUESTS, high=MAX_REQUESTS)
 SHARE = checked(checks.number, high=1.0)  # a share in (0, 1]
+HIT_RATE = checked(checks.fraction)  # a share in [0, 1)
+DRAFTS = checked(checks.integer, low=0, high=MAX_SPECULATIVE_TOKENS)
+ACCEPTANCE = checked(checks.number, low=0.0, high=1.0, low_inclusive=True)  # in [0, 1]
+FEATURES = "prefix caching and speculative decoding"
 
 
 @app.command()
@@ -62,7 +69,22 @@ def infer(
     model: str = typer.Option(None, help="catalog name or path to a Hugging Face config.json"),
     gpu: str = defaults.trial_gpu(),
     gpus: int = typer.Option(
-        None, help="GPUs of the deployment (with --measure: the most ranks)", callback=COUNT
+        None,
+        help="GPUs of the deployment (with --measure: the most ranks); left out with "
+        "--request-rate: the fewest GPUs that take that rate within the limits",
+        callback=COUNT,
+    ),
+    max_gpus: int = typer.Option(
+        None,
+        help=f"fewest-GPU search (--gpus left out): the most GPUs tried (default "
+        f"{fewest_gpus.DEFAULT_MAX_GPUS})",
+        callback=COUNT,
+    ),
+    gpu_hour_usd: list[float] = typer.Option(
+        None,
+        help="fewest-GPU search: USD per GPU-hour, one for all --gpu types or one per type in "
+        "order (ranks the types by cost per hour; without it, by GPU count)",
+        callback=AMOUNT,
     ),
     input_len: str = typer.Option(
         None, help="prompt tokens per request: N, or LOW:HIGH uniform (default: a chat turn)"
@@ -128,6 +150,31 @@ def infer(
         callback=SHARE,
     ),
     disaggregation: bool = typer.Option(True, help="try separate prefill and decode pools"),
+    prefix_hit_rate: float = typer.Option(
+        None,
+        help="share of each prompt's tokens already in the prefix cache (0 <= F < 1)",
+        rich_help_panel=FEATURES,
+        callback=HIT_RATE,
+    ),
+    speculative_tokens: int = typer.Option(
+        None,
+        help=f"draft tokens verified per decode step (0..{MAX_SPECULATIVE_TOKENS}; needs "
+        "--acceptance-rate)",
+        rich_help_panel=FEATURES,
+        callback=DRAFTS,
+    ),
+    acceptance_rate: float = typer.Option(
+        None,
+        help="chance each draft token is accepted (0 <= a <= 1): a step emits "
+        "(1 - a^(K+1)) / (1 - a) tokens",
+        rich_help_panel=FEATURES,
+        callback=ACCEPTANCE,
+    ),
+    speculative_method: str = typer.Option(
+        None,
+        help=f"the drafter: {', '.join(MODELLED_METHODS)} (default eagle; sets its cost)",
+        rich_help_panel=FEATURES,
+    ),
     requests: int = typer.Option(
         None,
         help=f"requests simulated per point (default {DEFAULT_REQUESTS}, "
@@ -202,9 +249,32 @@ def infer(
         files.write_batch(api.infer_frame(read_csv(runs)), target)
         return
     folder = checks.output_folder(out, "out") if out is not None else None
-    for name, value in (("model", model), ("gpus", gpus)):
-        if value is None:
-            raise UserError(f"{name}: required (or give --runs CSV)")
+    features_checked(prefix_hit_rate, speculative_tokens, acceptance_rate, speculative_method)
+    if model is None:
+        raise UserError("model: required (or give --runs CSV)")
+    if gpus is None and request_rate is None:
+        raise UserError(
+            "gpus: required (or give --request-rate R to find the fewest GPUs that take it, "
+            "or --runs CSV)"
+        )
+    fewest_mode = gpus is None
+    types = tuple(t.strip() for t in gpu.split(",")) if gpu else ()
+    if not fewest_mode:
+        if len(types) > 1:
+            raise UserError(
+                "gpu: several GPU types are compared by the fewest-GPU search: leave out --gpus "
+                "and give --request-rate"
+            )
+        for name, given in (("max-gpus", max_gpus), ("gpu-hour-usd", gpu_hour_usd)):
+            if given:
+                raise UserError(f"{name}: only for the fewest-GPU search (--gpus left out)")
+    elif measure:
+        raise UserError("measure: give --gpus (the fewest-GPU search is not measured)")
+    elif batching is Batching.STATIC:
+        raise UserError(
+            "gpus: required with --batching static (the fewest-GPU search is "
+            "continuous batching only)"
+        )
     if max_goodput and request_rate is not None:
         raise UserError("max-goodput: give either --max-goodput or --request-rate, not both")
     cpu = on_cpu(measure, device)
@@ -218,6 +288,46 @@ def infer(
             raise UserError("out: --resume needs the --out folder of the search to continue")
         folder = Path("runs") / time.strftime("infer-%Y%m%d-%H%M%S")
     out = folder  # measure_options(locals()) reads it
+    features = {
+        "prefix_hit_rate": prefix_hit_rate,
+        "speculative_tokens": speculative_tokens,
+        "acceptance_rate": acceptance_rate,
+        "speculative_method": speculative_method,
+    }
+    if fewest_mode:
+        with claimed(out):
+            _fewest(
+                ctx,
+                model,
+                types or (gpu,),
+                request_rate,
+                tuple(gpu_hour_usd or ()),
+                max_gpus,
+                out,
+                top,
+                emit,
+                input_len=input_len,
+                output_len=output_len,
+                workload=workload,
+                max_ttft_ms=max_ttft_ms,
+                max_tpot_ms=max_tpot_ms,
+                max_latency_ms=max_latency_ms,
+                min_throughput=min_throughput,
+                precision=weights,
+                kv_precision=tuple(k.value for k in kv_precision) if kv_precision else None,
+                gpus_per_node=gpus_per_node,
+                allow_tp_across_nodes=allow_tp_across_nodes,
+                percentile=percentile,
+                max_num_seqs=tuple(max_num_seqs or ()) or None,
+                max_num_batched_tokens=tuple(max_num_batched_tokens or ()) or None,
+                kv_cache_fraction=kv_cache_fraction,
+                disaggregation=disaggregation,
+                requests=requests,
+                seed=seed,
+                engine=engines.engine(engine).name,
+                **features,
+            )
+        return
     # One run at a time holds --out, as `search` does: a second is one line, exit code 2.
     with claimed(out):
         result = api.infer(
@@ -248,6 +358,7 @@ def infer(
             requests=requests,
             seed=seed,
             engine=engines.engine(engine).name,
+            **features,
         )
         defaults.announce(ctx, {"gpu": gpu})  # after the search: a refusal stays one line
         terminal.print_view(serving.terminal_view(result, top))
@@ -263,6 +374,41 @@ def infer(
             print(f"wrote {out}/{', '.join(written)}", file=sys.stderr)
         if not result.feasible:
             sys.exit(1)
+
+
+def _fewest(
+    ctx: typer.Context,
+    model: str,
+    types: tuple[str, ...],
+    request_rate: float,
+    prices: tuple[float, ...],
+    max_gpus: int | None,
+    out: Path | None,
+    top: int,
+    emit: Engine | None,
+    **options: object,
+) -> None:
+    """The fewest-GPU search: the chosen count's deployments, the counts tried, the answer;
+    exit 1 when no count up to the limit meets the limits at the rate."""
+    found = api.infer_fewest_gpus(
+        model,
+        types,
+        request_rate,
+        gpu_hour_usd=prices,
+        max_gpus=max_gpus,
+        gpus_per_node=options.pop("gpus_per_node", None),  # type: ignore[arg-type]
+        **options,
+    )
+    defaults.announce(ctx, {"gpu": ",".join(types)})
+    terminal.print_view(serving.fewest_view(found, top))
+    chosen = found.chosen.result if found.chosen is not None else None
+    if emit is not None and chosen is not None:
+        print(launch_flags(chosen, emit))
+    if out is not None:
+        serving.write_fewest(found, out)
+        print(f"wrote {out}/gpu_counts.csv, results.csv, best.json, report.html", file=sys.stderr)
+    if chosen is None:
+        sys.exit(1)
 
 
 def _measure(result: ServingResult, model: str, gpu: str, opts: MeasureOptions) -> int:

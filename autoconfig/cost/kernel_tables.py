@@ -180,3 +180,24 @@ def engine_all_reduce_seconds(
     us = us * np.maximum(nbytes / top, 1.0)
     us = np.where(gpus > grid.axes[0][-1], np.nan, us)
     return np.where(gpus <= 1, 0.0, us * 1e-6)
+
+
+_MONOTONE: dict[int, Grid] = {}
+
+
+def monotone_in_rows(grid: Grid) -> Grid:
+    """`grid` (a GEMM's TFLOP/s over m, n, k) with each point's time the least measured at that
+    m or any larger m of the same (n, k): a GEMM of m rows can always run padded as one of more
+    rows, so fewer rows never take longer. The tables' small-m times scatter with the kernel
+    each size picks; a serving step must not get faster with one more sequence. Interpolated
+    in log space between points whose time does not fall with m, the time does not fall
+    either. Cached per grid."""
+    cached = _MONOTONE.get(id(grid))
+    if cached is not None:
+        return cached
+    rows = grid.axes[0].reshape(-1, *([1] * (grid.values.ndim - 1)))
+    time = rows / grid.values  # in units of 2nk / 1e12: only its order along m matters
+    least = np.minimum.accumulate(time[::-1], axis=0)[::-1]
+    monotone = Grid(grid.axes, rows / least)
+    _MONOTONE[id(grid)] = monotone
+    return monotone

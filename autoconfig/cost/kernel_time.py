@@ -25,6 +25,7 @@ from autoconfig.cost.kernel_tables import (
     collective_seconds,
     engine_all_reduce_seconds,
     grid_lookup,
+    monotone_in_rows,
 )
 
 Col = np.ndarray
@@ -126,7 +127,9 @@ def gemm_efficiency(
         fmt = gemm_format(nbytes, table.gemm)
         m_, n_, k_ = (np.maximum(np.asarray(c, float), 1.0) for c in mnk)
         over = TRAINING_OVER_TABLE["bf16" if fmt == "bf16" else "fp8"] if in_training else 1.0
-        return grid_lookup(table.gemm[fmt], m_, n_, k_) * over / peaks[fmt]
+        # A serving step's GEMMs run at a few rows, where the tables scatter by kernel choice.
+        grid = table.gemm[fmt] if in_training else monotone_in_rows(table.gemm[fmt])
+        return grid_lookup(grid, m_, n_, k_) * over / peaks[fmt]
 
     return _per_chip(kernels, codes, gemm_bytes, (m, n, k), efficiency)
 

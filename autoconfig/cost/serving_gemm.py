@@ -44,11 +44,16 @@ COMPUTE_BOUND_TOKENS = 4096.0
 
 
 def measured_seconds(
-    x: CostInputs, op: Op, tokens: Col, rows: np.ndarray, weight_bytes: Col | float = 2.0
+    x: CostInputs,
+    op: Op,
+    tokens: Col,
+    rows: np.ndarray,
+    weight_bytes: Col | float = 2.0,
 ) -> Col | None:
-    """Seconds of one dense GEMM over `tokens` tokens on one rank, from the table, NaN where
-    `rows` is false or the chip has no table; None where no row has one. `weight_bytes` below
-    the inputs' 16 bits makes it a weight-only GEMM (the module's docstring)."""
+    """Seconds of one dense GEMM over `tokens` tokens on one rank, from the table (made
+    monotone in m: kernel_tables.monotone_in_rows), NaN where `rows` is false or the chip has
+    no table; None where no row has one. `weight_bytes` below the inputs' 16 bits makes it a
+    weight-only GEMM (the module's docstring)."""
     if op.routed or not x.kernels or not np.any(rows):
         return None
     weights = np.asarray(weight_bytes, float)

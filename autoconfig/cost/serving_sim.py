@@ -43,6 +43,9 @@ class Trace:
     arrival: np.ndarray
     input_len: np.ndarray
     output_len: np.ndarray
+    # Prompt tokens already in the prefix cache, per request (None: none): not computed, but
+    # read by attention, and held in blocks shared across requests (the caller reserves them).
+    cached_len: np.ndarray | None = None
 
     @property
     def requests(self) -> int:
@@ -61,6 +64,12 @@ class Limits:
     static: Col  # 1: static batches
     prefill_only: Col  # 1: a disaggregated prefill instance (requests leave after prefill)
     prompt_cached: Col  # 1: a disaggregated decode instance (prompts arrive cached)
+    # Speculative decoding (None: off): query tokens each decoding sequence puts through the
+    # target model per step (K drafts + 1), the tokens it emits per step on average, and the
+    # draft's time as a share of the iteration's.
+    queries_per_step: Col | None = None
+    tokens_per_step: Col | None = None
+    draft_share: Col | None = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +123,22 @@ def simulate(
         max_steps = max(100_000, 20 * r)
     rows = np.arange(n)
     pp = np.asarray(step.pp, dtype=float)
-    inp = trace.input_len.astype(float)
+    prompt = trace.input_len.astype(float)  # what decoding attention reads
+    cached_len = np.zeros(r) if trace.cached_len is None else trace.cached_len.astype(float)
+    inp = prompt - cached_len  # what prefill computes
     out = np.where(limits.prefill_only[:, None] > 0, 1.0, trace.output_len[None, :].astype(float))
+    queries = np.ones(n) if limits.queries_per_step is None else limits.queries_per_step
+    emitted = np.ones(n) if limits.tokens_per_step is None else limits.tokens_per_step
+    slower = 1.0 + (np.zeros(n) if limits.draft_share is None else limits.draft_share)
+    # Decode iterations a request takes: its first token, then (out - 1) tokens at `emitted` a
+    # step (the mean; the last step emits the rest). Without speculation: out.
+    steps_out = np.where(out > 1, 1.0 + np.ceil((out - 1.0) / emitted[:, None] - 1e-9), out)
+    # Verifying k queries reads each sequence's K/V once but multiplies the attention FLOPs:
+    # the stage prices decode context at max(pair, kv read), so scale the context to match.
+    per_pair, per_read = np.asarray(step.pair_s, float), np.asarray(step.kv_read_s, float)
+    with np.errstate(all="ignore"):
+        attend = np.maximum(queries * per_pair, per_read) / np.maximum(per_pair, per_read)
+    attend = np.where(np.isfinite(attend), attend, 1.0)
     rate = np.maximum(limits.rate, 1e-12)
     arrival = trace.arrival[None, :] / rate[:, None]
     cum_prompt = np.concatenate([[0.0], np.cumsum(inp)])
@@ -124,8 +147,9 @@ def simulate(
     )
     cum_need = np.concatenate([np.zeros((n, 1)), np.cumsum(need, axis=1)], axis=1)
     shared_need = bool(np.all(cum_need == cum_need[:1]))  # one K/V profile for every row
-    # Causal (query, key) pairs of the first g prompt tokens of the trace, by request.
-    pairs_before = np.concatenate([[0.0], np.cumsum(inp * (inp + 1.0) / 2.0)])
+    # Causal (query, key) pairs of the first g prompt tokens of the trace, by request (each
+    # computed token also attends to its request's cached prefix).
+    pairs_before = np.concatenate([[0.0], np.cumsum(inp * (inp + 1.0) / 2.0 + inp * cached_len)])
 
     clock = np.zeros(n)
     head = np.zeros(n, dtype=np.int64)  # requests admitted
@@ -187,27 +211,29 @@ def simulate(
         head = head + admit
         running = head - finished
 
-        context = decode_prompt + decodes * iteration - decode_first
+        context = decode_prompt + emitted * (decodes * iteration - decode_first)
 
         # Prefill: the oldest unfinished prompts take the rest of the budget.
         waiting_prompt = cum_prompt[head] - prefilled
-        chunk = np.maximum(np.minimum(budget - decodes, waiting_prompt), 0.0)
+        chunk = np.maximum(np.minimum(budget - decodes * queries, waiting_prompt), 0.0)
         chunk = np.where(cached, waiting_prompt, chunk)
         new_prefilled = prefilled + chunk
         new_head = np.minimum(np.searchsorted(cum_prompt, new_prefilled, side="right") - 1, head)
-        pairs = _pairs(pairs_before, cum_prompt, inp, new_prefilled) - _pairs(
-            pairs_before, cum_prompt, inp, prefilled
+        pairs = _pairs(pairs_before, cum_prompt, inp, new_prefilled, cached_len) - _pairs(
+            pairs_before, cum_prompt, inp, prefilled, cached_len
         )
         completing = (new_head - prefill_head).astype(float)
         work_tokens = np.where(cached, 0.0, chunk)
         work_pairs = np.where(cached, 0.0, pairs)
         batch = np.where(static, np.maximum(batch_open - completing, decodes), decodes)
-        tokens = batch + work_tokens
-        sequences = batch + completing
+        # Each decoding sequence verifies its drafts: `queries` tokens and as many logits.
+        tokens = batch * queries + work_tokens
+        sequences = batch * queries + completing
         busy = active & ((tokens > 0) | (completing > 0))
 
+        spec = (attend, slower)
         now = np.where(
-            busy, _round(step, pp, tokens, work_pairs, work_tokens, context, sequences), 0.0
+            busy, _timed(step, pp, tokens, work_pairs, work_tokens, context, sequences, spec), 0.0
         )
         # The requests in flight: [low, new_head) of each row (idx clipped, `valid` marks them).
         idx, valid = _window(low, np.where(active, new_head, low), r)
@@ -229,20 +255,24 @@ def simulate(
         gap = np.where(waits, arrival[rows, np.minimum(head, r - 1)] - clock, np.inf)
 
         if jumps and (runs >= 2).any():
-            extra = np.maximum(runs - 1.0, 0.0) * batch
-            pairs_k = _chunk_pairs(pairs_before, cum_prompt, inp, prefilled, chunk, runs, cached)
+            extra = np.maximum(runs - 1.0, 0.0) * batch * emitted
+            pairs_k = _chunk_pairs(
+                pairs_before, cum_prompt, inp, prefilled, chunk, runs, cached, cached_len
+            )
             later = np.where(
                 runs >= 2,
-                _round(step, pp, tokens, pairs_k, work_tokens, context + extra, sequences),
+                _timed(step, pp, tokens, pairs_k, work_tokens, context + extra, sequences, spec),
                 now,
             )
             runs = np.minimum(runs, np.floor(gap / np.maximum(later, 1e-12)))
             jump = same & (runs >= 2)
             runs = np.where(jump, runs, 1.0)
-            pairs_k = _chunk_pairs(pairs_before, cum_prompt, inp, prefilled, chunk, runs, cached)
-            grown = context + (runs - 1.0) * batch
+            pairs_k = _chunk_pairs(
+                pairs_before, cum_prompt, inp, prefilled, chunk, runs, cached, cached_len
+            )
+            grown = context + (runs - 1.0) * batch * emitted
             last = np.where(
-                jump, _round(step, pp, tokens, pairs_k, work_tokens, grown, sequences), now
+                jump, _timed(step, pp, tokens, pairs_k, work_tokens, grown, sequences, spec), now
             )
             elapsed = np.where(jump, runs * (now + last) / 2.0, now)
         else:
@@ -257,7 +287,7 @@ def simulate(
         # the finishing requests are touched, as (row, request) lists.
         new_rows, new_reqs = _spans(rows, prefill_head, np.where(step_now, new_head, prefill_head))
         first_time[new_rows, new_reqs] = end[new_rows]
-        new_last = iteration[new_rows] + out[new_rows, new_reqs] - 1.0
+        new_last = iteration[new_rows] + steps_out[new_rows, new_reqs] - 1.0
         last_w[new_rows, new_reqs - low[new_rows]] = new_last
         finishing = (last_w == iteration[:, None]) & step_now[:, None]
         fin_rows, fin_cols = np.nonzero(finishing)
@@ -273,9 +303,11 @@ def simulate(
         j_rows, j_reqs = new_rows[joins], new_reqs[joins]
         l_rows, l_reqs = fin_rows[leaves], fin_reqs[leaves]
         decodes += np.bincount(j_rows, minlength=n) - np.bincount(l_rows, minlength=n)
-        decode_prompt += np.bincount(j_rows, inp[j_reqs], n) - np.bincount(l_rows, inp[l_reqs], n)
+        decode_prompt += np.bincount(j_rows, prompt[j_reqs], n) - np.bincount(
+            l_rows, prompt[l_reqs], n
+        )
         # A leaving request's first token came out - 1 - (its decodes) iterations ago.
-        first_of_leaving = iteration[l_rows] - out[l_rows, l_reqs] + 1.0
+        first_of_leaving = iteration[l_rows] - steps_out[l_rows, l_reqs] + 1.0
         decode_first += np.bincount(j_rows, iteration[j_rows], n) - np.bincount(
             l_rows, first_of_leaving, n
         )
@@ -421,6 +453,23 @@ def _round(
     return pp * (slot + step.hop(tokens / pp))
 
 
+def _timed(
+    step: StepModel,
+    pp: Col,
+    tokens: Col,
+    prefill_pairs: Col,
+    prefill_tokens: Col,
+    context: Col,
+    sequences: Col,
+    spec: tuple[Col, Col],
+) -> Col:
+    """One iteration's time with speculative decoding's terms: `spec` is (the decode context's
+    attention scale for the verified queries, 1 + the draft's share of the iteration)."""
+    attend, slower = spec
+    took = _round(step, pp, tokens, prefill_pairs, prefill_tokens, context * attend, sequences)
+    return took * slower
+
+
 def _chunk_pairs(
     pairs_before: np.ndarray,
     cum_prompt: np.ndarray,
@@ -429,20 +478,29 @@ def _chunk_pairs(
     chunk: Col,
     k: Col,
     cached: np.ndarray,
+    cached_len: np.ndarray | None = None,
 ) -> Col:
     """Attention pairs of the k-th chunk from `prefilled` on (none for cached prompts)."""
     reach = prefilled + np.maximum(k, 1.0) * chunk
-    pairs = _pairs(pairs_before, cum_prompt, inp, reach) - _pairs(
-        pairs_before, cum_prompt, inp, reach - chunk
+    pairs = _pairs(pairs_before, cum_prompt, inp, reach, cached_len) - _pairs(
+        pairs_before, cum_prompt, inp, reach - chunk, cached_len
     )
     return np.where(cached, 0.0, pairs)
 
 
-def _pairs(pairs_before: np.ndarray, cum_prompt: np.ndarray, inp: np.ndarray, g: Col) -> Col:
-    """Causal attention pairs of the first `g` prompt tokens of the trace."""
+def _pairs(
+    pairs_before: np.ndarray,
+    cum_prompt: np.ndarray,
+    inp: np.ndarray,
+    g: Col,
+    cached_len: np.ndarray | None = None,
+) -> Col:
+    """Causal attention pairs of the first `g` computed prompt tokens of the trace (each also
+    attends to its request's `cached_len` prefix tokens)."""
     i = np.minimum(np.searchsorted(cum_prompt, g, side="right") - 1, len(inp) - 1)
     into = np.minimum(np.maximum(g - cum_prompt[i], 0.0), inp[i])
-    return pairs_before[i] + into * (into + 1.0) / 2.0
+    prefix = 0.0 if cached_len is None else into * cached_len[i]
+    return pairs_before[i] + into * (into + 1.0) / 2.0 + prefix
 
 
 def poisson_arrivals(requests: int, seed: int) -> np.ndarray:

@@ -18,6 +18,7 @@ from autoconfig.base.fileio import csv_text
 from autoconfig.measure.result import MeasuredSearch
 from autoconfig.report.files import json_text, measured_files, plain_row, write_report
 from autoconfig.report.html import STYLE, _table, inline_plotly
+from autoconfig.serve import fewest
 from autoconfig.serve.result import ServingResult
 from autoconfig.serve.search import pareto_front
 
@@ -128,6 +129,61 @@ def continuous_cells(row: pd.Series, percentile: float) -> dict[str, str]:
     }
 
 
+def _both_modes_tried(result: ServingResult) -> bool:
+    """Whether the search tried disaggregated pools beside colocated replicas (continuous
+    batching, disaggregation on, at least two GPUs: serve/continuous.py)."""
+    r = result.request
+    return r.batching == "continuous" and r.disaggregation and r.gpus >= 2
+
+
+def mode_comparison(result: ServingResult) -> str | None:
+    """One line comparing the best colocated and the best disaggregated deployment that meet
+    the limits: goodput per GPU, TTFT and TPOT at the percentile, and which takes more
+    requests/s per GPU by how much. None when disaggregation was not tried."""
+    if not _both_modes_tried(result):
+        return None
+    out = result.table
+    p = f"p{result.request.percentile:g}"
+    best: dict[str, pd.Series | None] = {}
+    for mode in ("colocated", "disaggregated"):
+        met = out[(out["mode"] == mode) & out["meets"].astype(bool)]
+        best[mode] = met.iloc[0] if len(met) else None  # the table is ranked: first is best
+
+    def said(mode: str) -> str:
+        row = best[mode]
+        if row is None:
+            return f"{mode}: none meets the limits"
+        bound = "≥ " if bool(row.get("goodput_at_ladder_top", False)) else ""
+        layout = continuous_cells(row, result.request.percentile)["deployment"]
+        tpot = row.get(f"tpot_{p}_ms")
+        tpot_text = "-" if pd.isna(tpot) else f"{tpot:,.1f} ms"
+        return (
+            f"{mode} {layout} {bound}{row['goodput_rps_per_gpu']:,.3f} req/s/GPU "
+            f"(TTFT {p} {row[f'ttft_{p}_ms']:,.0f} ms, TPOT {p} {tpot_text})"
+        )
+
+    head = f"colocated vs disaggregated: {said('colocated')}; {said('disaggregated')}"
+    one, two = best["colocated"], best["disaggregated"]
+    if one is None or two is None:
+        if one is None and two is None:
+            return head
+        winner = "colocated" if two is None else "disaggregated"
+        return f"{head}: {winner} only"
+    a, b = float(one["goodput_rps_per_gpu"]), float(two["goodput_rps_per_gpu"])
+    if max(a, b) <= 0 or abs(a - b) <= 0.005 * max(a, b):
+        return f"{head}: they tie on goodput per GPU"
+    win, (win_row, lose_row) = ("colocated", (one, two)) if a > b else ("disaggregated", (two, one))
+    margin = max(a, b) / min(a, b) - 1.0 if min(a, b) > 0 else float("inf")
+    # A goodput marked ≥ is a lower bound: the margin is then a bound too.
+    win_bound = bool(win_row.get("goodput_at_ladder_top", False))
+    lose_bound = bool(lose_row.get("goodput_at_ladder_top", False))
+    how = "at least " if win_bound and not lose_bound else "at most " if lose_bound else ""
+    if win_bound and lose_bound:
+        how = "about "
+    by = "more" if margin == float("inf") else f"{how}{margin:.0%} more"
+    return f"{head}: {win} wins, {by} goodput per GPU"
+
+
 def _percentile(result: ServingResult) -> float | None:
     return result.request.percentile if result.request.batching == "continuous" else None
 
@@ -195,6 +251,11 @@ def terminal_view(result: ServingResult, top: int) -> Group:
         ]
         if rows.get("goodput_at_ladder_top", pd.Series(dtype=bool)).astype(bool).any():
             lines.append(LADDER_TOP_NOTE)
+        comparison = mode_comparison(result)
+        if comparison is not None:
+            lines.insert(0, comparison)
+        if result.features:
+            lines.insert(1, result.features)
     else:
         fits = int(out["pred_fits"].astype(bool).sum())
         lines = [
@@ -208,6 +269,89 @@ def terminal_view(result: ServingResult, top: int) -> Group:
     if not a["feasible"]:
         lines.insert(0, f"nothing meets the budget; closest: {a['closest']}")
     return Group(table, *lines)
+
+
+def _count_cells(row: pd.Series) -> dict[str, str]:
+    """One GPU count of the fewest-GPU search as table cells."""
+
+    def num(value: object, fmt: str) -> str:
+        return "-" if value is None or pd.isna(value) else format(value, fmt)
+
+    bound = "≥ " if bool(row["goodput_at_ladder_top"]) else ""
+    goodput = num(row["goodput_rps"], ",.2f")
+    return {
+        "GPU": str(row["gpu"]),
+        "GPUs": str(int(row["gpus"])),
+        "meets": ("yes" if row["meets"] else "no") + (" (chosen)" if row["chosen"] else ""),
+        "goodput req/s": goodput if goodput == "-" else bound + goodput,
+        "TTFT ms": num(row["ttft_ms"], ",.0f"),
+        "TPOT ms": num(row["tpot_ms"], ",.1f"),
+        "USD/h": num(row["usd_per_hour"], ",.2f"),
+        "best deployment, or why none": str(row["deployment"] or row["why"]),
+    }
+
+
+def fewest_answer(found: fewest.Fewest) -> str:
+    """The fewest-GPU search's answer in one line (or that nothing up to the limit meets)."""
+    rate = f"{found.request_rate:g} requests/s"
+    if found.chosen is None:
+        most = max((c.gpus for c in found.tried), default=0)
+        return (
+            f"no GPU count tried (up to {most:,}) takes {rate} within the limits; raise "
+            "--max-gpus or loosen the limits"
+        )
+    c = found.chosen
+    assert c.result is not None  # a count that meets has its search
+    from autoconfig.serve.goodput import label_of
+
+    cost = f" at {c.usd_per_hour:,.2f} USD/h" if c.usd_per_hour is not None else ""
+    which = "cheapest" if found.priced else "fewest GPUs"
+    head = (
+        f"{which}: {c.gpus} x {c.gpu}{cost}"
+        if len(found.answers) > 1
+        else (f"fewest GPUs: {c.gpus} x {c.gpu}{cost}")
+    )
+    others = [
+        f"{gpu} {a.gpus}" if a is not None else f"{gpu} none"
+        for gpu, a in found.answers.items()
+        if a is not c
+    ]
+    tail = f" (fewest of the others: {', '.join(others)})" if others else ""
+    return f"{head} take {rate} within the limits with {label_of(c.result.table.iloc[0])}{tail}"
+
+
+def fewest_view(found: fewest.Fewest, top: int) -> Group:
+    """The chosen count's deployments, the GPU counts tried, and the answer."""
+    counts = fewest.table(found)
+    grid = Table(
+        title=f"GPU counts tried for {found.request_rate:g} requests/s in total",
+        title_justify="left",
+    )
+    for i, (_, row) in enumerate(counts.iterrows()):
+        cells = _count_cells(row)
+        if i == 0:
+            for col in cells:
+                grid.add_column(col, justify="right")
+        grid.add_row(*cells.values())
+    parts: list[object] = []
+    if found.chosen is not None and found.chosen.result is not None:
+        parts.append(terminal_view(found.chosen.result, top))
+    parts.append(grid)
+    parts.append(fewest_answer(found))
+    if not found.priced and len(found.answers) > 1:
+        parts.append(fewest.UNPRICED)
+    return Group(*parts)  # type: ignore[arg-type]
+
+
+def write_fewest(found: fewest.Fewest, folder: Path) -> None:
+    """gpu_counts.csv (every count tried) and, for the chosen count, results.csv, best.json
+    and report.html (with the counts tried and the answer)."""
+    counts = fewest.table(found)
+    chosen = found.chosen.result if found.chosen is not None else None
+    if chosen is None:
+        write_report(folder, {"gpu_counts.csv": csv_text(counts)})
+        return
+    write(chosen, folder, counts=counts, answer=fewest_answer(found))
 
 
 def _pareto_figure(result: ServingResult) -> go.Figure:
@@ -353,12 +497,18 @@ def _measured_section(trials: pd.DataFrame) -> str:
     return "<h2>Measured trials</h2>" + _table("measured", head, rows)
 
 
-def render(result: ServingResult, top: int = 15, trials: pd.DataFrame | None = None) -> str:
+def render(
+    result: ServingResult,
+    top: int = 15,
+    trials: pd.DataFrame | None = None,
+    counts: pd.DataFrame | None = None,
+    answer: str = "",
+) -> str:
     a = result.context()
     out = result.table
     percentile = _percentile(result)
     if percentile is not None:
-        return _render_continuous(result, top, trials)
+        return _render_continuous(result, top, trials, counts, answer)
     inputs = {
         "model": a["model"],
         "GPUs": f"{a['gpus']} x {a['gpu']}",
@@ -410,7 +560,13 @@ def _page(model: str, parts: list[str]) -> str:
     )
 
 
-def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | None) -> str:
+def _render_continuous(
+    result: ServingResult,
+    top: int,
+    trials: pd.DataFrame | None,
+    counts: pd.DataFrame | None = None,
+    answer: str = "",
+) -> str:
     a = result.context()
     percentile = float(a["percentile"])
     inputs = {
@@ -422,6 +578,7 @@ def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | N
         "request rate": f"{a['request_rate']:g} req/s total"
         if a["request_rate"]
         else "most (goodput)",
+        **({"engine features": result.features} if result.features else {}),
         "candidates": f"{a['candidates']:,}",
         "meet the limits": f"{a['feasible']:,}",
         "serving constants": a["constants"],
@@ -442,6 +599,15 @@ def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | N
         parts.append(
             f"<p><b>Nothing meets the limits.</b> Closest: {html.escape(a['closest'])}</p>"
         )
+    if counts is not None and len(counts):
+        cells = [_count_cells(r) for _, r in counts.iterrows()]
+        parts.append(
+            f"<h2>GPU counts tried</h2><p class='summary' id='answer'>{html.escape(answer)}</p>"
+            + _table("counts", list(cells[0]), [list(c.values()) for c in cells])
+        )
+    comparison = mode_comparison(result)
+    if comparison is not None:
+        parts.append(f"<p class='summary' id='modes'>{html.escape(comparison)}</p>")
     parts.append("<h2>Deployments</h2>" + _table("top", head, rows))
     if shown.get("goodput_at_ladder_top", pd.Series(dtype=bool)).astype(bool).any():
         parts.append(f"<p class='note'>{html.escape(LADDER_TOP_NOTE)}</p>")
@@ -451,18 +617,32 @@ def _render_continuous(result: ServingResult, top: int, trials: pd.DataFrame | N
     return _page(str(a["model"]), parts)
 
 
-def write(result: ServingResult, folder: Path, measured: MeasuredSearch | None = None) -> None:
+def write(
+    result: ServingResult,
+    folder: Path,
+    measured: MeasuredSearch | None = None,
+    counts: pd.DataFrame | None = None,
+    answer: str = "",
+) -> None:
     """results.csv (every candidate), best.json and report.html; with a measured search also
-    trials.csv (every trial) and measured.csv (measured where measured, else predicted)."""
+    trials.csv (every trial) and measured.csv (measured where measured, else predicted); with
+    the GPU `counts` of a fewest-GPU search also gpu_counts.csv, and its `answer`."""
     trials = measured.trials if measured is not None else None
     best: dict[str, object] = {"inputs": result.context(), "best": plain_row(result.best)}
+    comparison = mode_comparison(result)
+    if comparison is not None:
+        best["colocated_vs_disaggregated"] = comparison
     if measured is not None:  # the trials by class, as the search's best.json has them
         best["measured"] = measured.summary()
+    if answer:
+        best["fewest_gpus"] = answer
     files = {
         "results.csv": csv_text(result.table),
         "best.json": json_text(best),
-        "report.html": render(result, trials=trials),
+        "report.html": render(result, trials=trials, counts=counts, answer=answer),
     }
+    if counts is not None:
+        files["gpu_counts.csv"] = csv_text(counts)
     if measured is not None:
         files.update(measured_files(measured))
     write_report(folder, files)  # one set: a killed run leaves the old files or the new

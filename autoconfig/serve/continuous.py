@@ -46,4 +46,5 @@ def search(req: Request) -> ServingResult:
         constants=provenance,
         closest=goodput.closest(out, part.slo, req) if feasible == 0 else "",
         workload=part.workload.describe(),
+        features=part.deps.features.describe(),
     )

@@ -16,7 +16,7 @@ Three passes keep thousands of candidates within seconds:
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,7 @@ from autoconfig.cost.max_load import max_load
 from autoconfig.cost.serving_sim import Limits, Simulated, Stop, simulate
 from autoconfig.cost.serving_step import StepModel, step_model, take
 from autoconfig.serve import no_fit
+from autoconfig.serve.features import Features, features_of, steady_state
 from autoconfig.serve.request import Request
 from autoconfig.serve.search import min_gpus, tp_degrees
 from autoconfig.serve.workload import MAX_REQUESTS, MIN_REQUESTS, Lengths, Workload, chat
@@ -51,7 +52,8 @@ class Deployments:
 
     table: pd.DataFrame
     step: StepModel
-    kv_tokens: np.ndarray
+    kv_tokens: np.ndarray  # per replica, less the shared prefix blocks
+    features: Features = field(default_factory=Features)
 
 
 def weight_choices(req: Request, gpu: GPUSpec) -> list[str]:
@@ -149,6 +151,27 @@ def candidates(
         cap = kv_capacity(inputs)
         step = step_model(inputs)
         load = max_load(inputs, step, cap)
+    features = request_features(req, spec, cpu)
+    kv_tokens = cap.tokens
+    if features.active:
+        # The screen and the lone request with cached prompt tokens and speculative steps.
+        steady = steady_state(
+            step,
+            cap.tokens,
+            table["max_num_seqs"].to_numpy(float),
+            table["max_num_batched_tokens"].to_numpy(float),
+            workload,
+            features,
+            BLOCK_TOKENS,
+        )
+        load = replace(
+            load,
+            requests_per_s=steady.requests_per_s,
+            output_tokens_per_s=steady.output_tokens_per_s,
+            running=steady.running,
+            tpot_s=steady.tpot_s,
+        )
+        kv_tokens = np.maximum(cap.tokens - features.shared_tokens(workload, BLOCK_TOKENS), 0.0)
     gpus = table["tp"] * table["pp"]
     table["kv_cache_gib"] = cap.cache / GIB
     table["kv_cache_tokens"] = cap.tokens
@@ -166,8 +189,24 @@ def candidates(
     decode = step.stage(1.0, 0.0, 0.0, prompt + out / 2.0, 1.0) + step.hop(1.0)
     table["alone_ttft_ms"] = 1e3 * chunks * pp * prefill
     table["alone_tpot_ms"] = 1e3 * pp * decode
+    if features.active:
+        table["alone_ttft_ms"] = 1e3 * steady.alone_ttft_s
+        table["alone_tpot_ms"] = 1e3 * steady.alone_tpot_s
     table["fits"] = cap.tokens >= np.ceil(workload.longest / BLOCK_TOKENS) * BLOCK_TOKENS
-    return Deployments(table, step, cap.tokens)
+    return Deployments(table, step, kv_tokens, features)
+
+
+def request_features(req: Request, spec: ModelSpec, cpu: bool = False) -> Features:
+    """The prefix-cache and speculative-decoding settings of `req`, checked."""
+    return features_of(
+        spec,
+        req.engine,
+        req.prefix_hit_rate,
+        req.speculative_tokens,
+        req.acceptance_rate,
+        req.speculative_method,
+        cpu,
+    )
 
 
 def _no_pairing(req: Request) -> str:
@@ -278,6 +317,9 @@ def run_rates(
     """Simulate candidate `chosen[i]` at `rates[i]` requests/s per replica."""
     table = deployments.table
     trace = workload.trace()
+    features = deployments.features
+    if features.prefix_hit_rate > 0:
+        trace = replace(trace, cached_len=features.cached_tokens(trace.input_len))
     skip = int(WARMUP_SHARE * trace.requests)
     counted = trace.requests - skip
     n = len(chosen)
@@ -293,6 +335,13 @@ def run_rates(
         prefill_only=role.get("prefill_only", zeros),
         prompt_cached=role.get("prompt_cached", zeros),
     )
+    if features.speculative_tokens > 0:
+        limits = replace(
+            limits,
+            queries_per_step=np.full(n, features.queries_per_step),
+            tokens_per_step=np.full(n, features.tokens_per_step),
+            draft_share=np.full(n, features.draft_share),
+        )
     allowed = int(np.floor((1.0 - slo.percentile / 100.0) * counted))
     stop = Stop(
         ttft_s=role.get("ttft_s", np.full(n, slo.ttft_s)),

@@ -72,3 +72,9 @@ class Request:
     disaggregation: bool = True
     engine: str = "vllm"  # spec/engines.py: its all-reduce kernels, CUDA graphs and formats
     simulate_top: int = 16
+    # serve/features.py: the share of each prompt already in the prefix cache, and speculative
+    # decoding (draft tokens verified per step, the chance each is accepted, the drafter)
+    prefix_hit_rate: float | None = None
+    speculative_tokens: int | None = None
+    acceptance_rate: float | None = None
+    speculative_method: str | None = None

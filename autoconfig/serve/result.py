@@ -21,6 +21,7 @@ class ServingResult:
     constants: str  # provenance of the serving constants used
     closest: str = ""  # when none meets the budget: the nearest miss and by how much
     workload: str = ""  # continuous batching: the workload simulated, in words
+    features: str = ""  # prefix caching / speculative decoding assumed, in words (or "")
 
     @property
     def candidates(self) -> int:
@@ -54,4 +55,5 @@ class ServingResult:
             "feasible": self.feasible,
             "constants": self.constants,
             "closest": self.closest,
+            **({"features": self.features} if self.features else {}),
         }
