@@ -36,6 +36,7 @@ COMMAND_MODULES = {
     "estimate": "estimate",
     "infer": "infer",
     "plan": "plan",
+    "rl": "rl",
     "search": "search",
     "train": "train",
 }
