@@ -18,17 +18,11 @@ import numpy as np
 import pandas as pd
 
 from autoconfig.calibrate import validation
-from autoconfig.spec import catalog
 
 RUNS_FILE = "amd_training_runs.csv"
 AMD_GPUS = ("mi300x", "mi325x", "mi350x", "mi355x")
 TARGET_MEDIAN_APE = 0.20  # issue 38: "amd_training_runs.csv: median APE <= 20%"
 
-# The constant guess's peak is the GPU's dense 16-bit one, 1.5x for fp8 and mxfp8 rows
-# (docs/validation.md, ../shared/reference/README.md). validation.constant_guess knows only the
-# NVIDIA families; its FLOPs count is the same for any GPU, so the AMD guess is the H100
-# guess rescaled from H100's 989 TFLOP/s to the AMD part's own bf16 peak (its profile's).
-GUESS_REFERENCE_GPU = "h100-sxm-80gb"
 
 # MangoBoost's MLPerf llama2_70b_lora submissions (LLMBoost 1.1.0, 1.2.0) are configured by the
 # same variables as AMD's NeMo/Megatron-based reference implementation (config_MI300X_*x8x1.sh:
@@ -108,14 +102,9 @@ def task_is_read(runs: pd.DataFrame) -> tuple[bool, str]:
 
 
 def amd_guess(runs: pd.DataFrame) -> pd.Series:
-    """The constant-MFU guess at each row's own GPU (NaN for a GPU without a profile)."""
-    reference = catalog.get_gpu(GUESS_REFERENCE_GPU).peak_tflops["bf16"]
-    at_reference = validation.constant_guess(runs.assign(gpu=GUESS_REFERENCE_GPU))
-    gpus = catalog.gpus()
-    peak = (
-        runs["gpu"].str.lower().map(lambda g: gpus[g].peak_tflops["bf16"] if g in gpus else np.nan)
-    )
-    return at_reference * peak.astype(float) / reference
+    """The constant-MFU guess at each row's own GPU (validation.constant_guess, which holds the
+    AMD parts' dense bf16 peaks)."""
+    return validation.constant_guess(runs)
 
 
 def amd_predictions(runs: pd.DataFrame) -> pd.DataFrame:

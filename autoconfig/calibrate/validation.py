@@ -213,6 +213,11 @@ GUESS_PEAK_TFLOPS = {
     "b300": 2250.0,
     "gb200": 2500.0,
     "gb300": 2500.0,
+    # AMD Instinct dense bf16 (AMD's datasheets, as the GPU profiles cite them)
+    "mi300x": 1307.4,
+    "mi325x": 1307.4,
+    "mi350x": 2306.9,
+    "mi355x": 2516.6,
 }
 
 
@@ -240,7 +245,9 @@ def constant_guess(runs: pd.DataFrame) -> pd.Series:
     params = layers * (attention + mats * h * ffn) + vocab * h * np.where(tied, 1.0, 2.0)
     flops = 6.0 * params + 12.0 * layers * h * seq
     gpu = runs["gpu"].astype(str).str.lower()
-    family = gpu.str.extract(r"^(gb300|gb200|b300|b200|h200|h100|a100)")[0]
+    family = gpu.str.extract(
+        r"^(gb300|gb200|b300|b200|h200|h100|a100|mi300x|mi325x|mi350x|mi355x)"
+    )[0]
     precision = runs["precision"].astype(str).str.lower()
     peak = family.map(GUESS_PEAK_TFLOPS) * np.where(precision.isin(["fp8", "mxfp8"]), 1.5, 1.0)
     return GUESS_MFU * peak * 1e12 / flops
