@@ -34,12 +34,16 @@ def main() -> None:
     phases = v.phase_table(out)
     by_family = v.left_out_by_family(runs, out)
     family_median = float(by_family["left_out_median_ape_%"].median())
+    by_model = v.static_left_out_by_model(runs, out)
+    model_median = float(by_model["left_out_median_ape_%"].median())
     pd.set_option("display.width", 200)
     print(table.round(1).to_string(index=False))
     print(inflight.round(2).to_string(index=False))
     print(phases.round(2).to_string(index=False))
     print(by_family.round(2).to_string(index=False))
     print(f"left out by GPU family: median over families {family_median:.2f}%")
+    print(by_model.round(2).to_string(index=False))
+    print(f"static batches left out by model: median over models {model_median:.2f}%")
     print(f"{len(runs)} points predicted in {elapsed:.2f} s")
 
     static_rows = runs["batching"] != "inflight"
@@ -61,6 +65,7 @@ def main() -> None:
                     float(flight.loc["held-out (not fitted)", "median APE %"]), 2
                 ),
                 "inflight_left_out_family_median_pct": round(family_median, 2),
+                "static_left_out_model_median_pct": round(model_median, 2),
             },
             indent=2,
         )
@@ -117,6 +122,12 @@ def main() -> None:
                 "",
                 "",
                 table.round(1).to_markdown(index=False),
+                "",
+                "Each model's FasterTransformer points left out: predicted by what stays "
+                "fitted for static batches (memory share, work per step), refitted on the "
+                f"other models' fit rows alone. Median over models: **{model_median:.2f}%**.",
+                "",
+                by_model.round(2).to_markdown(index=False),
                 "",
                 "## TTFT and TPOT where published",
                 "",

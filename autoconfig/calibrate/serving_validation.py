@@ -171,3 +171,36 @@ def left_out_by_family(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(table)
+
+
+def static_left_out_by_model(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
+    """FasterTransformer's static-batch rows of each model predicted by the constants that stay
+    fitted for static batches (serving_fit.MEASURED_STATIC: memory share, work per step),
+    refitted on the other models' fit rows alone; beside, the shipped fit on the same rows.
+    End-to-end latency, median APE."""
+    from autoconfig.calibrate.serving_fit import MEASURED_STATIC, fit, predict
+
+    static = (runs["batching"] != "inflight") & (runs["framework"] == "fastertransformer")
+    measured = pd.to_numeric(runs["measured_latency_ms"], errors="coerce")
+    table = []
+    for model in sorted(runs.loc[static, "model"].unique()):
+        mine = static & (runs["model"] == model) & measured.notna()
+        others = static & (runs["model"] != model) & runs["fit_set"]
+        if not mine.any() or not others.any():
+            continue
+        constants, _ = fit(runs[others].reset_index(drop=True), {}, MEASURED_STATIC)
+        shared = {n: constants[n] for n in MEASURED_STATIC}
+        predicted = predict(runs[mine].reset_index(drop=True), shared)
+        ape = np.abs(predicted / measured[mine].to_numpy() - 1.0) * 100
+        shipped = out.loc[mine, "ape_latency_ms"].astype(float) * 100
+        table.append(
+            {
+                "model": model,
+                "rows": int(mine.sum()),
+                "fit_rows_from_others": int(others.sum()),
+                "left_out_median_ape_%": float(np.median(ape)),
+                "shipped_fit_median_ape_%": float(shipped.median()),
+                **{f"refit_{n}": round(v, 4) for n, v in shared.items()},
+            }
+        )
+    return pd.DataFrame(table)
