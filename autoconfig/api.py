@@ -32,7 +32,7 @@ from autoconfig.rows.training import with_predictions
 from autoconfig.spec import defaults, layout
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
 from autoconfig.spec.task import DEFAULT_LORA_RANK, DEFAULT_LORA_TARGETS, PRETRAIN, TaskSpec
-from autoconfig.spec.vocab import Batching, Engine, Task
+from autoconfig.spec.vocab import Batching, Engine, OptimizerState, Task
 
 if TYPE_CHECKING:
     from autoconfig.serve.fewest import Fewest
@@ -86,6 +86,7 @@ def estimate(
     recompute: str = defaults.RECOMPUTE.value,
     recompute_layers: int | None = None,
     zero: int = defaults.ZERO,
+    optimizer_state: str = OptimizerState.FP32.value,
     precision: str = defaults.PRECISION.value,
     flash_attention: bool = True,
     gpus_per_node: int | None = None,
@@ -109,6 +110,8 @@ def estimate(
     at most `max_memory_gib`; `pred_fits` compares the peak with it. `task` (pretrain, sft,
     lora, qlora) says what the run trains; lora and qlora train adapters of `lora_rank` on
     `lora_targets` (qkv, attention, all) over frozen base weights (spec/task.py).
+    `optimizer_state` (fp32, bf16, fp8) is the precision of the Adam state
+    (cost/optimizer.py), where the framework runs it.
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
@@ -159,6 +162,7 @@ def estimate(
             if full
             else (recompute_layers or 0),
             zero=zero,
+            optimizer_state=optimizer_state,
             gbs=gbs,
             seq_len=request.seq_len,
             precision=request.precision,

@@ -41,6 +41,7 @@ def layouts(n: int, seed: int = 0) -> pd.DataFrame:
             "recompute": np.array(["none", "selective", "full"])[rng.integers(0, 3, n)],
             "recompute_layers": pick([1, 96]),
             "zero": pick([0, 1, 2, 3]),
+            "optimizer_state": np.full(n, "fp32"),
         }
     )
 

@@ -21,7 +21,7 @@ from autoconfig.report import compare_view as compare_report
 from autoconfig.report import files, terminal
 from autoconfig.rows.resolve import auto_settings
 from autoconfig.spec import layout
-from autoconfig.spec.vocab import Framework, Precision, Recompute
+from autoconfig.spec.vocab import Framework, OptimizerState, Precision, Recompute
 
 # The flags a batch estimate (--runs) takes; every other flag describes one layout.
 BATCH_FLAGS = ("runs", "out")
@@ -63,6 +63,9 @@ def estimate(
         None, help="with full recompute: layers per stage", callback=COUNT0
     ),
     zero: int = defaults.zero(),
+    optimizer_state: OptimizerState = typer.Option(
+        OptimizerState.FP32.value, help=layout.BY_NAME["optimizer_state"].help
+    ),
     precision: Precision = defaults.precision(),
     flash: bool = typer.Option(True, "--flash/--no-flash", help="flash attention"),
     framework: Framework = defaults.framework(),
@@ -139,6 +142,7 @@ def estimate(
         recompute=recompute.value,
         recompute_layers=recompute_layers,
         zero=zero,
+        optimizer_state=optimizer_state.value,
         precision=precision.value,
         flash_attention=flash,
         gpus_per_node=gpus_per_node,

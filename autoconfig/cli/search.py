@@ -26,6 +26,7 @@ from autoconfig.cli.options import (
     measure_options,
     on_cpu,
 )
+from autoconfig.layout_search import run as search_run
 from autoconfig.layout_search.result import SearchResult
 from autoconfig.layout_search.space import load_space
 from autoconfig.measure.result import STUDY_FILE
@@ -174,6 +175,8 @@ def search(
         framework = emit
     catalog.get_model(model)  # an unknown name is one line before any work starts
     catalog.get_gpu(gpu)  # the framework was resolved by its flag's callback
+    # a fixed optimizer state the framework cannot keep: one line before any work starts
+    search_run.check_state(catalog.get_framework(framework.value), fixed.get("optimizer_state"))
     search_space = load_space(space) if space is not None else None  # a bad file: one line
     opts = measure_options(locals(), cpu) if measure else None
     if opts is not None:

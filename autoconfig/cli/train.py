@@ -12,7 +12,7 @@ from autoconfig.cli import defaults
 from autoconfig.cli.app import app
 from autoconfig.cli.options import COUNT, COUNT0, OUT_FOLDER, SEED, checked
 from autoconfig.spec.task import task_spec
-from autoconfig.spec.vocab import Device, Recompute, Task
+from autoconfig.spec.vocab import Device, OptimizerState, Recompute, Task
 
 ZERO = checked(checks.integer, low=0, high=3)
 
@@ -47,6 +47,9 @@ def train(
         None, help="with full: layers per stage recomputed", callback=COUNT0
     ),
     zero: int = defaults.zero(),
+    optimizer_state: OptimizerState = typer.Option(
+        OptimizerState.FP32.value, help="Adam state precision (the bundled trainer runs fp32)"
+    ),
     capacity_factor: float = typer.Option(
         None, help="MoE: tokens an expert takes, as a multiple of its even share (default: all)"
     ),
@@ -136,6 +139,7 @@ def train(
             "recompute": recompute.value,
             "recompute_layers": recompute_layers,
             "zero": zero,
+            "optimizer_state": optimizer_state.value,
             "capacity_factor": capacity_factor,
             "precision": precision,
             "device": device.value,

@@ -57,6 +57,8 @@ class Behaviour:
     param_bytes: Values = 2.0  # working weight copy: 2 (bf16), 1 (fp8 parameters)
     grad_comm_bytes: Values = 4.0  # gradients reduced in fp32 (4) or bf16 (2)
     optim_bytes: Values = 12.0  # fp32 master weights + fp32 Adam moments
+    # lighter Adam state keeps fp32 main parameters as 16-bit remainders (cost.optimizer)
+    main_param_remainders: Values = 0.0
     sp_saves_gathered: Values = 0.0  # SP keeps the all-gathered block inputs (torch DTensor)
     cost_split: Values = 0.0  # pipeline blocks placed by the framework's compute-cost estimate
     balanced_split: Values = 0.0  # stages balanced by hand against the embedding and LM head

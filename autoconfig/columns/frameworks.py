@@ -11,7 +11,7 @@ import numpy as np
 from autoconfig.columns.build import Behaviour, reduce_bits
 from autoconfig.spec.schema import FrameworkSpec
 from autoconfig.spec.task import PRETRAIN, TaskSpec
-from autoconfig.spec.vocab import Recompute
+from autoconfig.spec.vocab import OptimizerState, Recompute
 
 
 def _isin(values: Any, allowed: list) -> np.ndarray:
@@ -38,6 +38,8 @@ def rules(fw: FrameworkSpec, c: Mapping[str, Any]) -> list[tuple[str, str, np.nd
     zero, recompute = np.asarray(c["zero"], float), np.asarray(c["recompute"], float)
     layers, gbs = np.asarray(c["layers"], float), np.asarray(c["gbs"], float)
     rlayers = np.asarray(c["recompute_layers"], float)
+    state = np.asarray(c.get("optimizer_state", 0.0), float)
+    states = [OptimizerState(s).code for s in fw.allows("optimizer_states")]
     zeros, zeros_pp = fw.allows("zero"), fw.allows("zero_with_pp")
     modes = [Recompute(m).code for m in fw.allows("recompute")]
     with_tp = fw.allows("sequence_parallel")
@@ -108,6 +110,17 @@ def rules(fw: FrameworkSpec, c: Mapping[str, Any]) -> list[tuple[str, str, np.nd
                 & (rlayers < per_stage)
                 & lacks("partial_recompute"),
             ),
+            (
+                "optimizer_state",
+                f"{name} keeps Adam state in {_words(fw.allows('optimizer_states'))}",
+                ~_isin(state, states),
+            ),
+            (
+                "optimizer_state",
+                f"{name} keeps Adam state lighter than fp32 only with ZeRO "
+                f"{_words(fw.allows('lighter_state_zero'))}",
+                (state > 0) & ~_isin(zero, fw.allows("lighter_state_zero")),
+            ),
         ]
 
 
@@ -161,6 +174,7 @@ def behaviour(
         reduce_after_backward=reduce_bits(does.grad_reduce_after_backward.value),
         pipeline_reduce_after_backward=reduce_bits(does.pipeline_grad_reduce_after_backward.value),
         fsdp_copies=float(does.fsdp_copies.value),
+        main_param_remainders=1.0 if does.main_param_remainders.value else 0.0,
         **task.columns(),
     )
 

@@ -104,6 +104,7 @@ class CostInputs:
     recompute: Col
     recompute_layers: Col  # layers per stage fully recomputed (full recompute only)
     zero: Col
+    optimizer_state: Col  # vocab.OptimizerState code: the Adam state's precision
     # what the framework does (columns.Behaviour, from its profile)
     flash: Col
     overlap_grad_reduce: Col
@@ -116,6 +117,9 @@ class CostInputs:
     param_bytes: Col  # bytes per parameter of the working weight copy (1 with fp8 params)
     grad_comm_bytes: Col  # bytes per gradient element reduced over data parallelism
     optim_bytes: Col  # optimizer bytes per parameter (fp32 master + Adam moments)
+    # 1 where lighter Adam state keeps fp32 main parameters as 16-bit remainders of the bf16
+    # working copy (cost.optimizer)
+    main_param_remainders: Col
     # 1 where SP's all-gathered block inputs are saved for backward (torch DTensor, the
     # bundled trainer); 0 where only the shard is and backward re-gathers (Megatron-LM).
     sp_saves_gathered: Col
@@ -223,6 +227,8 @@ OPTIONAL_COLUMNS = {
     "param_bytes": 2.0,
     "grad_comm_bytes": 4.0,
     "optim_bytes": 12.0,
+    "main_param_remainders": 0.0,
+    "optimizer_state": 0.0,
     "sp_saves_gathered": 0.0,
     "cost_split": 0.0,
     "balanced_split": 0.0,

@@ -5,6 +5,8 @@ Sources:
   master, Adam m and v) = 18 bytes/param; with the distributed optimizer (ZeRO-1) 6 + 12/d
   (Megatron-LM docs, "Distributed Optimizer"); ZeRO-2/3 shard gradients and weights too
   (Rajbhandari et al. 2020, "ZeRO", Sec. 5).
+- Lighter Adam state (bf16 or fp8 moments, fp32 main parameters as 16-bit remainders):
+  cost.optimizer.
 - Activations per layer from the op list (layer.py, Korthikanti et al. 2022).
 - LoRA and QLoRA (cost.finetune): frozen base weights keep only their working copy (NF4 under
   QLoRA), the adapters train with full state (`task_state_bytes`).
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost import finetune
+from autoconfig.cost import finetune, optimizer
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
@@ -140,13 +142,15 @@ def stage_params(x: CostInputs, ops: list[Op] | None = None) -> StageParams:
 def state_bytes(x: CostInputs, params: Col, shard: Col) -> tuple[Col, Col, Col]:
     """(weights, gradients, optimizer) bytes for `params` sharded `shard` ways by ZeRO stage:
     the working weights at the framework's parameter precision, fp32 main gradients, and the
-    optimizer's fp32 master weights and Adam moments."""
+    optimizer's master weights and Adam moments at the run's optimizer state (cost.optimizer:
+    fp32 by default)."""
     # With pipelining a ZeRO-3 stage holds its gathered weights and unreduced gradients for the
     # whole step (see timing._data_parallel); only the optimizer state stays sharded.
     zero = np.where((x.zero >= 3) & (x.pp > 1), 1.0, x.zero)
     weights = np.where(zero >= 3, x.param_bytes / shard, x.param_bytes) * params
     grads = np.where(zero >= 2, 4.0 / shard, 4.0) * params
-    optim = np.where(zero >= 1, x.optim_bytes / shard, x.optim_bytes) * params
+    kept = optimizer.state_bytes(x)
+    optim = np.where(zero >= 1, kept / shard, kept) * params
     return weights, grads, optim
 
 
@@ -164,7 +168,8 @@ def task_state_bytes(
     base = x.param_bytes * (params - linear) + finetune.base_weight_bytes(x) * linear
     weights = np.where(zero >= 3, 1.0 / shard, 1.0) * (base + x.param_bytes * adapters)
     grads = np.where(zero >= 2, 4.0 / shard, 4.0) * trained
-    optim = np.where(zero >= 1, x.optim_bytes / shard, x.optim_bytes) * trained
+    kept = optimizer.state_bytes(x)
+    optim = np.where(zero >= 1, kept / shard, kept) * trained
     return weights, grads, optim
 
 

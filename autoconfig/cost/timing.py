@@ -73,6 +73,7 @@ from autoconfig.cost.layer import (
     mtp_ops,
 )
 from autoconfig.cost.memory import StageParams, stage_params
+from autoconfig.cost.optimizer import state_bytes as optimizer_state_bytes
 
 # The output tile of one thread block in cuBLAS's large bf16 GEMM kernels on Ampere and Hopper
 # (256 x 128, the tile size their kernel names carry, M x N in cuBLAS's column-major terms: for
@@ -644,8 +645,9 @@ def _data_parallel(
         zero3 = np.where(x.pp > 1, zero12, zero3)
     dp_comm = np.select([x.zero >= 3, x.zero >= 1], [zero3, zero12], zero0)
     dp_comm = np.where(size * np.maximum(expert_size, 1.0) > 1, dp_comm, 0.0)
-    # Adam reads the gradients and its states, writes the states and the working weights.
-    traffic = 4.0 + 2.0 * x.optim_bytes + x.param_bytes
+    # Adam reads the gradients and its states, writes the states and the working weights: the
+    # states at the run's precision (cost.optimizer), so lighter state moves fewer bytes.
+    traffic = 4.0 + 2.0 * optimizer_state_bytes(x) + x.param_bytes
     shard = np.where(x.zero >= 1, size, 1.0)
     expert_shard = np.where(x.zero >= 1, expert_size, 1.0)
     optimizer = traffic * (dense / shard + expert / expert_shard) / (x.hbm_bytes_s * x.eff_memory)

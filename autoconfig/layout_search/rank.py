@@ -105,12 +105,29 @@ def with_spread(out: pd.DataFrame, gpus_per_node: object) -> pd.DataFrame:
     return out
 
 
-def rank(layouts: pd.DataFrame, inputs: CostInputs, constraints: Constraints) -> pd.DataFrame:
+def memory_limit_gib(capacity_gib: pd.Series | np.ndarray, constraints: Constraints) -> np.ndarray:
+    """The memory a layout may use per GPU: the GPU's capacity less the headroom, at most
+    --max-memory-gib."""
+    limit = np.asarray(capacity_gib, float) * (1 - constraints.memory_headroom)
+    if constraints.max_memory_gib:
+        limit = np.minimum(limit, constraints.max_memory_gib)
+    return limit
+
+
+def rank(
+    layouts: pd.DataFrame,
+    inputs: CostInputs,
+    constraints: Constraints,
+    predictions: dict[str, np.ndarray] | None = None,
+) -> pd.DataFrame:
     """Predictions for every layout with their spread (`pred_tokens_per_s_per_gpu_low` /
     `_high`, the regime that set the low end in `spread_regime`) and `memory_risk`, a
     `pruned` reason ('' when feasible), feasible ones first by the conservative estimate,
-    and `rank` / `near_tie` for the feasible ones."""
-    preds = pd.DataFrame(evaluate(inputs), index=layouts.index)
+    and `rank` / `near_tie` for the feasible ones. `predictions`: the cost model's columns
+    for `layouts` where the caller has them already."""
+    preds = pd.DataFrame(
+        predictions if predictions is not None else evaluate(inputs), index=layouts.index
+    )
     out = pd.concat([layouts, preds], axis=1)
     pruned = pd.Series("", index=out.index, dtype=object)
 
@@ -127,9 +144,7 @@ def rank(layouts: pd.DataFrame, inputs: CostInputs, constraints: Constraints) ->
         prune(out["pp"] > constraints.max_pp, f"constraint: pp > {constraints.max_pp}")
     if constraints.min_dp:
         prune(out["dp"] < constraints.min_dp, f"constraint: dp < {constraints.min_dp}")
-    capacity = out["mem_capacity_gib"] * (1 - constraints.memory_headroom)
-    if constraints.max_memory_gib:
-        capacity = np.minimum(capacity, constraints.max_memory_gib)
+    capacity = memory_limit_gib(out["mem_capacity_gib"], constraints)
     out["mem_limit_gib"] = capacity
     too_big = out["pred_peak_mem_gib"] > capacity
     prune(

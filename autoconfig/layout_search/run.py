@@ -7,18 +7,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from autoconfig.base import checks
 from autoconfig.base.errors import UserError
 from autoconfig.columns import frameworks
-from autoconfig.columns.build import Hardware, training_inputs
+from autoconfig.columns.build import Behaviour, Hardware, training_inputs
+from autoconfig.cost import evaluate, optimizer
 from autoconfig.layout_search.advice import closest_fix, fixed_values_missing
 from autoconfig.layout_search.batch import default_batch
-from autoconfig.layout_search.rank import Constraints, explain_winner, rank
+from autoconfig.layout_search.rank import Constraints, explain_winner, memory_limit_gib, rank
 from autoconfig.layout_search.result import SearchRequest, SearchResult
 from autoconfig.layout_search.space import enumerate_candidates, load_space
 from autoconfig.spec import catalog, defaults, layout
-from autoconfig.spec.schema import ModelSpec, SearchSpace
+from autoconfig.spec.schema import FrameworkSpec, ModelSpec, SearchSpace
 from autoconfig.spec.task import (
     DEFAULT_LORA_RANK,
     DEFAULT_LORA_TARGETS,
@@ -26,7 +28,7 @@ from autoconfig.spec.task import (
     check_model,
     task_spec,
 )
-from autoconfig.spec.vocab import Precision, Task
+from autoconfig.spec.vocab import OptimizerState, Precision, Task
 
 
 def make_request(
@@ -92,6 +94,7 @@ def make_request(
             allowed = ", ".join(layout.NAMES)
             raise UserError(f"fix: unknown dimension '{key}' (allowed: {allowed})")
         fixed[key] = layout.BY_NAME[key].parse(value, "fix: ")
+    check_state(fw, fixed.get("optimizer_state"))
     if max_tp is not None and min(space_spec.tp) > max_tp:
         raise UserError(f"max-tp: {max_tp} is below every tp in the space {space_spec.tp}")
     if "tp" in fixed and max_tp is not None and int(fixed["tp"]) > max_tp:
@@ -116,6 +119,15 @@ def make_request(
     )
 
 
+def check_state(fw: FrameworkSpec, state: object) -> None:
+    """A fixed optimizer state the framework cannot keep is one UserError line naming both."""
+    if state is not None and str(state) not in fw.allows("optimizer_states"):
+        runs = ", ".join(fw.allows("optimizer_states"))
+        raise UserError(
+            f"optimizer_state: {fw.name} cannot keep Adam state in {state} (it keeps {runs})"
+        )
+
+
 def evaluate_all(req: SearchRequest) -> SearchResult:
     """Enumerate, evaluate and rank; raises UserError when no layout uses the GPUs."""
     cands = enumerate_candidates(
@@ -129,16 +141,21 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
             f"gpus: no layout of {req.model.name} uses {req.gpus} GPUs with gbs {req.gbs} "
             f"(dropped: {reasons}{cannot})"
         )
-    inputs = training_inputs(
-        req.model,
-        Hardware(req.gpu, req.cluster, req.precision),
-        cands.table,
-        req.gbs,
-        req.seq_len,
-        frameworks.behaviour(req.framework, req.precision, float(req.flash_attention), req.task),
-    )
+    table = cands.table
+    fixed_state = req.constraints.fixed.get("optimizer_state")
+    if fixed_state is not None:
+        # a fixed state is every layout's state, not a filter on the derived ones
+        table = table.assign(optimizer_state=OptimizerState(fixed_state).value)
+    hardware = Hardware(req.gpu, req.cluster, req.precision)
+    does = frameworks.behaviour(req.framework, req.precision, float(req.flash_attention), req.task)
+    inputs = training_inputs(req.model, hardware, table, req.gbs, req.seq_len, does)
     with np.errstate(all="ignore"):
-        table = rank(cands.table, inputs, req.constraints)
+        preds = {k: np.array(v) for k, v in evaluate(inputs).items()}
+        if fixed_state is None:
+            lighter_state(req, table, preds, hardware, does)
+        # rank reads only the cluster's GPUs per node from `inputs`; the predictions carry
+        # each layout's optimizer state
+        table = rank(table, inputs, req.constraints, preds)
     pruned = table.loc[table["pruned"] != "", "pruned"].str.split(":").str[0].value_counts()
     return SearchResult(
         request=req,
@@ -149,6 +166,53 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
         pruned=pruned.to_dict(),
         explanation=explain_winner(table),
     )
+
+
+def lighter_state(
+    req: SearchRequest,
+    table: pd.DataFrame,
+    preds: dict[str, np.ndarray],
+    hardware: Hardware,
+    does: Behaviour,
+) -> None:
+    """Gives each layout that does not fit with fp32 Adam state the heaviest lighter state its
+    framework runs that fits (bf16, then fp8 moments), in place in `table` and `preds`.
+
+    The state is not crossed with the other dimensions: lighter state changes the numerics,
+    so a layout that fits with fp32 state keeps it, and only the layouts short of memory are
+    evaluated again, which keeps the search as fast as before where everything fits. A
+    layout that cannot fit even without any optimizer state is not tried."""
+    states = [
+        s
+        for s in OptimizerState
+        if s is not OptimizerState.FP32 and s.value in req.framework.allows("optimizer_states")
+    ]
+    if not states:
+        return
+    limit = memory_limit_gib(preds["mem_capacity_gib"], req.constraints)
+    peak, over = preds["pred_peak_mem_gib"], preds["mem_overhead_gib"]
+    # the lightest state (fp8 and bf16 moments, 16-bit main-parameter remainders: 5 of fp32's
+    # 12 bytes) and the overhead charged on what it drops bound what any lighter state saves
+    share = over / np.maximum(peak - over, 1e-9)
+    lightest = optimizer.REMAINDER_BYTES + sum(optimizer.MOMENT_BYTES[optimizer.FP8_STATE])
+    saved = 1.0 - lightest / 12.0
+    bound = peak - preds["mem_optimizer_gib"] * saved * (1.0 + share)
+    runs_lighter = table["zero"].astype(int).isin(req.framework.allows("lighter_state_zero"))
+    todo = np.flatnonzero((peak > limit) & (bound <= limit) & runs_lighter.to_numpy())
+    column = table["optimizer_state"].to_numpy(dtype=object, copy=True)
+    for state in states:
+        if not len(todo):
+            break
+        subset = table.iloc[todo].assign(optimizer_state=state.value)
+        x = training_inputs(req.model, hardware, subset, req.gbs, req.seq_len, does)
+        got = evaluate(x)
+        fits = got["pred_peak_mem_gib"] <= limit[todo]
+        rows = todo[fits]
+        for key, values in got.items():
+            preds[key][rows] = values[fits]
+        column[rows] = state.value
+        todo = todo[~fits]
+    table["optimizer_state"] = column
 
 
 def run(req: SearchRequest) -> SearchResult:

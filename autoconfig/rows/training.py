@@ -36,6 +36,7 @@ from autoconfig.spec.vocab import (
     Framework,
     Mlp,
     Norm,
+    OptimizerState,
     Position,
     Precision,
     Recompute,
@@ -525,6 +526,11 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     err.add(~recompute.isin(Recompute.values()), f"recompute: must be {Recompute.allowed()}")
     precision = text_column(df, "precision").replace({"": "bf16"})
     err.add(~precision.isin(Precision.values()), f"precision: must be {Precision.allowed()}")
+    # A row that does not state its Adam state ran its framework's default, fp32: never
+    # resolved to a lighter one, so published figures keep the state they were measured with.
+    state = text_column(df, "optimizer_state").replace({"": "fp32", "unknown": "fp32"})
+    allowed = OptimizerState.allowed()
+    err.add(~state.isin(OptimizerState.values()), f"optimizer_state: must be {allowed}")
     per_stage = pd.Series(busiest_rank_layers(num["layers"], pp, vp), index=num.index)
     full = recompute == Recompute.FULL.value
     recompute_layers = num["recompute_layers"].fillna(per_stage.where(full, 0))
@@ -554,6 +560,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
             "recompute": recompute,
             "recompute_layers": recompute_layers,
             "zero": zero,
+            "optimizer_state": state,
         },
         index=df.index,
     )
@@ -566,7 +573,11 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
         "gbs": num["gbs"],
         "seq": num["seq_len"],
     }
-    codes = {**layouts, "recompute": recompute.map({r.value: r.code for r in Recompute})}
+    codes = {
+        **layouts,
+        "recompute": recompute.map({r.value: r.code for r in Recompute}),
+        "optimizer_state": state.map({s.value: s.code for s in OptimizerState}).fillna(0.0),
+    }
     for name, rule, bad in layout.rules({**codes, **shape}):
         err.add(bad, f"{name}: {rule}")
     for fw in {id(f): f for f in fws}.values():
@@ -619,7 +630,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
 
 
 def _dtype(d: layout.Dimension) -> type:
-    return bool if d.type is bool else (object if d.type is Recompute else int)
+    return bool if d.type is bool else (object if d.type in (Recompute, OptimizerState) else int)
 
 
 def with_predictions(rows: pd.DataFrame, preds: dict, errors: pd.Series) -> pd.DataFrame:

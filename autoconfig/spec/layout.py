@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from autoconfig.base import checks
 from autoconfig.base.errors import UserError
-from autoconfig.spec.vocab import Choice, Framework, Recompute, ZeroStage, boolean
+from autoconfig.spec.vocab import Choice, Framework, OptimizerState, Recompute, ZeroStage, boolean
 
 MEGATRON, NEMO, TORCHTITAN = Framework.MEGATRON, Framework.NEMO, Framework.TORCHTITAN
 DEEPSPEED, NANOTRON, COMPOSER = Framework.DEEPSPEED, Framework.NANOTRON, Framework.COMPOSER
@@ -83,12 +83,21 @@ class Dimension:
 
     def code(self, values: pd.Series | np.ndarray | Any) -> np.ndarray:
         """The cost model's numeric column for this dimension."""
-        if self.type is Recompute:
-            codes = {m.value: float(m.code) for m in Recompute}
+        if self.type in (Recompute, OptimizerState):
+            codes = {m.value: float(m.code) for m in self.type}
             return np.asarray(pd.Series(values, dtype=object).astype(str).map(codes), float)
         return np.asarray(values, dtype=float)
 
 
+# The Adam state's precision (vocab.OptimizerState, bytes in cost.optimizer). Not crossed with
+# the other dimensions: the search gives each layout the heaviest state its framework runs that
+# fits (layout_search.run), so a layout that fits with fp32 state keeps it.
+# Megatron-Core 0.16.1 OptimizerConfig (use_precision_aware_optimizer, exp_avg_dtype,
+# exp_avg_sq_dtype, main_params_dtype; Megatron-LM maps 'fp8' to torch.uint8, Transformer
+# Engine's FusedAdam fp8 state); NeMo 2 and Megatron-Bridge recipes hold the same
+# OptimizerConfig as recipe.optim.config; torchtitan 0.3.0 [optimizer] implementation.
+_PRECISION_AWARE = ("--use-precision-aware-optimizer", "--main-params-dtype fp32")
+_NEMO_OPTIM = "recipe.optim.config."
 # Framework settings per dimension. Megatron-LM and Megatron-DeepSpeed take command-line flags,
 # NeMo 2 recipe attributes, torchtitan TOML ("[section] key = value"), nanotron and Composer YAML
 # ("section.key: value"). Sources: the frameworks' argument parsers and config classes
@@ -387,6 +396,44 @@ DIMENSIONS: tuple[Dimension, ...] = (
             },
         },
     ),
+    Dimension(
+        "optimizer_state",
+        OptimizerState,
+        OptimizerState.FP32,
+        "Adam state precision: fp32 (main params and moments), bf16 (bf16 moments), fp8 (fp8 "
+        "first and bf16 second moment); main params stay fp32",
+        label="adam-{}",
+        key="os{}",
+        flags={
+            MEGATRON: {
+                "fp32": "",
+                "bf16": (*_PRECISION_AWARE, "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"),
+                "fp8": (*_PRECISION_AWARE, "--exp-avg-dtype fp8", "--exp-avg-sq-dtype bf16"),
+            },
+            NEMO: {
+                "fp32": "",
+                "bf16": (
+                    f"{_NEMO_OPTIM}use_precision_aware_optimizer = True",
+                    f"{_NEMO_OPTIM}main_params_dtype = torch.float32",
+                    f"{_NEMO_OPTIM}exp_avg_dtype = torch.bfloat16",
+                    f"{_NEMO_OPTIM}exp_avg_sq_dtype = torch.bfloat16",
+                ),
+                "fp8": (
+                    f"{_NEMO_OPTIM}use_precision_aware_optimizer = True",
+                    f"{_NEMO_OPTIM}main_params_dtype = torch.float32",
+                    f"{_NEMO_OPTIM}exp_avg_dtype = torch.uint8",
+                    f"{_NEMO_OPTIM}exp_avg_sq_dtype = torch.bfloat16",
+                ),
+            },
+            TORCHTITAN: {
+                "fp32": "",
+                "bf16": '[optimizer] implementation = "fused_opt_states_bf16"',
+            },
+            DEEPSPEED: {"fp32": ""},
+            NANOTRON: {"fp32": ""},
+            COMPOSER: {"fp32": ""},
+        },
+    ),
 )
 
 BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
@@ -452,6 +499,10 @@ def labels(frame: pd.DataFrame) -> pd.Series:
         if d.type is bool:
             text = pd.Series(d.label, index=frame.index, dtype=object)
             shown = values.astype(bool).to_numpy()
+        elif issubclass(d.type, Choice):
+            words = values.astype(str)
+            text = d.label.replace("{}", "") + words
+            shown = (words != str(d.default)).to_numpy()
         else:
             text = d.label.replace("{}", "") + values.astype(int).astype(str)
             shown = (values.astype(int) != int(d.default)).to_numpy()

@@ -23,7 +23,15 @@ from autoconfig.base.checks import MAX_COUNT
 from autoconfig.base.errors import UserError
 from autoconfig.spec import layout
 from autoconfig.spec.layout import Layout
-from autoconfig.spec.vocab import Mlp, Norm, PipelineSplit, Position, Precision, Recompute
+from autoconfig.spec.vocab import (
+    Mlp,
+    Norm,
+    OptimizerState,
+    PipelineSplit,
+    Position,
+    Precision,
+    Recompute,
+)
 
 # Limits on what sizes work: a model, profile or search space past one is refused on load.
 # The deepest transformers trained have about a hundred layers (Megatron GPT 1T: 128) and
@@ -547,6 +555,7 @@ _YES_OR_NO = (
     "zero2_gathers_every_micro_batch",
     "fsdp_copies",
     "bf16_optimizer",
+    "main_param_remainders",
 )
 
 
@@ -611,11 +620,31 @@ class FrameworkCapabilities(_Spec):
     tasks: Sourced = Sourced(
         value=["pretrain", "sft"], source="no adapter training (LoRA, QLoRA) stated"
     )
+    # The Adam state precisions it runs (vocab.OptimizerState values; bytes in cost.optimizer)
+    optimizer_states: Sourced = Sourced(
+        value=["fp32"], source="fp32 main parameters and Adam moments only"
+    )
+    # the ZeRO stages a state lighter than fp32 runs with
+    lighter_state_zero: Sourced = Sourced(
+        value=[0, 1, 2, 3], source="the optimizer's state precision is independent of sharding"
+    )
 
     @field_validator(*_CAN_OR_NOT)
     @classmethod
     def _true_or_false(cls, stated: Sourced) -> Sourced:
         return _true_or_false(stated)
+
+    @field_validator("optimizer_states")
+    @classmethod
+    def _known_states(cls, states: Sourced) -> Sourced:
+        listed = [str(s) for s in states.value] if isinstance(states.value, list) else []
+        unknown = [s for s in listed if s not in OptimizerState.values()]
+        if not listed or unknown or OptimizerState.FP32.value not in listed:
+            raise ValueError(
+                f"optimizer_states must list fp32 and only {OptimizerState.allowed()}, "
+                f"not {states.value!r}"
+            )
+        return states
 
 
 class FrameworkBehaviour(_Spec):
@@ -673,6 +702,11 @@ class FrameworkBehaviour(_Spec):
     )
     bf16_grad_pass_bytes: Sourced = Sourced(
         value=0, source="no fp32 gradient copy outside the weight-gradient GEMM"
+    )
+    # With a lighter optimizer state, the fp32 main parameters kept as the 16 bits their bf16
+    # working copy lacks (Transformer Engine FusedAdam store_param_remainders), not whole
+    main_param_remainders: Sourced = Sourced(
+        value=False, source="fp32 main parameters kept whole beside lighter moments"
     )
 
     @field_validator("grad_reduce_every_micro_batch", "grad_reduce_after_backward")

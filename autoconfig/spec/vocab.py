@@ -132,6 +132,27 @@ class LoraTargets(Choice):
 _TARGET_CODES = {LoraTargets.QKV: 1, LoraTargets.ATTENTION: 2, LoraTargets.ALL: 3}
 
 
+class OptimizerState(Choice):
+    """The precision of the Adam state (cost.optimizer holds the bytes each keeps): fp32 main
+    parameters and moments (every framework's default); bf16 moments; fp8 first moment with a
+    bf16 second moment (the second moment's range needs more than fp8's: Peng et al. 2023,
+    "FP8-LM", Sec. 3.2, keeps it in 16 bits). Megatron-Core's --use-precision-aware-optimizer
+    (Transformer Engine's FusedAdam) and torchtitan's fused_opt_states_bf16 run the lighter
+    ones; each framework profile says which it runs (`can: optimizer_states`)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+    @property
+    def code(self) -> int:
+        """The number the cost model's `optimizer_state` column holds."""
+        return _STATE_CODES[self]
+
+
+_STATE_CODES = {OptimizerState.FP32: 0, OptimizerState.BF16: 1, OptimizerState.FP8: 2}
+
+
 class ZeroStage(IntEnum):
     """What data-parallel ranks shard (Rajbhandari et al. 2020, "ZeRO", Sec. 5): 1 = the
     optimizer states (Megatron's distributed optimizer), 2 = + gradients, 3 = + weights (FSDP

@@ -17,7 +17,7 @@ from autoconfig.cost.inputs import interleaves_by_counting_ends
 from autoconfig.spec import catalog, layout
 from autoconfig.spec.layout import Layout
 from autoconfig.spec.schema import ModelSpec
-from autoconfig.spec.vocab import ZeroStage
+from autoconfig.spec.vocab import OptimizerState, ZeroStage
 
 
 def as_built(spec: ModelSpec) -> ModelSpec:
@@ -270,6 +270,11 @@ class TrainConfig(Layout):
             (
                 self.capacity_factor is not None and not spec.is_moe,
                 f"capacity_factor: only MoE models route tokens to experts ({spec.name} has none)",
+            ),
+            (
+                self.optimizer_state != OptimizerState.FP32,
+                f"optimizer_state: the bundled trainer keeps torch AdamW state in fp32; got "
+                f"{self.optimizer_state.value}",
             ),
             (
                 self.recompute == "op",
