@@ -24,6 +24,10 @@ parquet table of measured latencies in milliseconds. Choices, per chip:
 - NCCL: the newest nccl-version folder, dtype half.
 - The serving engines' own TP all-reduce (TensorRT-LLM's, vLLM's custom all-reduce in a CUDA
   graph and eagerly, SGLang's), each from the newest version that measured it, bf16.
+- MoE: TensorRT-LLM's fused MoE layer (routing's permute, the grouped expert GEMMs, activation,
+  unpermute; no all-to-all), per dtype and gating from the newest version that measured it,
+  under balanced routing (every expert gets the same tokens), at the model shapes measured
+  (hidden, expert FFN, experts, top-k) and the expert TP / EP splits with one of them 1.
 
 The newest engine version that holds the wanted kernel is used. Each table becomes a full regular
 grid; a grid point the source did not measure is filled from its nearest measured neighbours in
@@ -135,6 +139,39 @@ ENGINE_ALLREDUCE: dict[str, tuple[str, tuple[str, str] | None, str]] = {
     ),
 }
 
+# MoE: dtype -> (kernel_source, moe_dtype, what) in order of preference for gated (SwiGLU)
+# experts; non-gated ones (squared ReLU, Nemotron-H) have their own kernel (NONGATED_SOURCE).
+MOE_SOURCES: dict[str, list[tuple[str, str, str]]] = {
+    "bf16": [
+        ("moe_torch_flow_cutlass", "bfloat16", "TensorRT-LLM's CUTLASS fused MoE, bf16"),
+        ("moe_torch_flow", "bfloat16", "TensorRT-LLM's fused MoE (PyTorch flow), bf16"),
+    ],
+    "fp8": [
+        (
+            "moe_torch_flow_cutlass",
+            "fp8",
+            "TensorRT-LLM's CUTLASS fused MoE, per-tensor-scaled fp8",
+        ),
+    ],
+    "fp8_block": [
+        ("deepgemm", "fp8_block", "TensorRT-LLM's DeepGEMM fused MoE, 1x128 / 128x128 block fp8"),
+        (
+            "moe_torch_flow_cutlass",
+            "fp8_block",
+            "TensorRT-LLM's CUTLASS fused MoE, 1x128 / 128x128 block-scaled fp8",
+        ),
+        (
+            "moe_torch_flow_triton_fp8_block",
+            "fp8_block",
+            "TensorRT-LLM's Triton fused MoE, block-scaled fp8",
+        ),
+    ],
+    "nvfp4": [
+        ("moe_torch_flow_cutlass", "nvfp4", "TensorRT-LLM's CUTLASS fused MoE, nvfp4"),
+    ],
+}
+NONGATED_SOURCE = "moe_torch_flow_nongated"  # the non-gated (squared ReLU) experts' kernel
+
 NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
 NCCL_DTYPE_BYTES = {"half": 2, "int8": 1}
 GEMM_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
@@ -163,6 +200,21 @@ COLUMNS = {
         "bytes": "the all-reduce buffer in bytes, = message_size x 2 (bf16, message_size an "
         "element count, as the NCCL table's)",
         "us": "measured time of one call in microseconds",
+    },
+    "moe": {
+        "dtype": "weights and inputs: bf16, fp8 (per-tensor scales), fp8_block (1x128 / 128x128 "
+        "block scales), nvfp4",
+        "gated": "1: gated experts (SwiGLU: up and gate in one GEMM of 2 x inter), 0: not "
+        "(squared ReLU)",
+        "hidden": "the token width entering the experts",
+        "inter": "one expert's FFN width (before expert TP)",
+        "experts": "routed experts of the layer",
+        "topk": "experts each token is routed to",
+        "tp": "expert tensor parallelism: ranks each expert's FFN width is split over",
+        "ep": "expert parallelism: ranks the experts are spread over",
+        "tokens": "tokens entering the layer (each rank's routed copies: tokens x topk / ep)",
+        "us": "measured time of one fused MoE layer on one rank in microseconds (balanced "
+        "routing: each expert receives the same number of tokens)",
     },
     "nccl": {
         "op": "all_reduce, all_gather, reduce_scatter or alltoall",
@@ -607,6 +659,73 @@ def engine_allreduce_table(data: Path) -> tuple[list[str], dict]:
     return rows, meta
 
 
+def moe_table(data: Path) -> tuple[list[str], dict]:
+    """TensorRT-LLM's fused MoE layer time under balanced routing, per dtype and gating, each
+    model shape from the newest version that measured it with the preferred kernel, at each
+    (tp, ep) split with tp or ep 1 (autoconfig's two modes: experts split by width over the TP
+    ranks, or spread over them); no rows where the chip has no balanced MoE measurement."""
+    folder = data / "moe" / "trtllm"
+    frames = [
+        (v, pd.read_parquet(v / "moe_perf.parquet")) for v in versions(folder, "moe_perf.parquet")
+    ]
+    keys = ["hidden_size", "inter_size", "num_experts", "topk"]
+    split = ["moe_tp_size", "moe_ep_size", "num_tokens"]
+    rows: list[str] = []
+    meta: dict = {}
+    for dtype, sources in MOE_SOURCES.items():
+        for gated in (1, 0):
+            # The non-gated experts have one kernel family, per dtype.
+            options = sources if gated else [(NONGATED_SOURCE, sources[0][1], "")]
+            for option in options:
+                ks, moe_dtype, _ = option
+                picked: list[pd.DataFrame] = []
+                seen: set[tuple] = set()
+                by_version: dict[str, list] = {}
+                for vdir, df in frames:  # newest first: a shape comes from the newest holding it
+                    sel = df[
+                        (df.kernel_source == ks)
+                        & (df.moe_dtype == moe_dtype)
+                        & (df.distribution == "balanced")
+                        & (df.latency > 0)
+                        & ((df.moe_tp_size == 1) | (df.moe_ep_size == 1))
+                    ]
+                    shapes = {tuple(r) for r in sel[keys].drop_duplicates().to_numpy().tolist()}
+                    new = sorted(shapes - seen)
+                    if not new:
+                        continue
+                    seen |= shapes
+                    mask = pd.Series(
+                        list(zip(*(sel[c] for c in keys), strict=True)), index=sel.index
+                    )
+                    picked.append(sel[mask.isin(new)])
+                    by_version[vdir.name] = {
+                        "path": in_package(vdir / "moe_perf.parquet"),
+                        "shapes (hidden, inter, experts, topk)": [list(t) for t in new],
+                    }
+                if picked:
+                    break
+            if not picked:
+                continue
+            ks, moe_dtype, what = option
+            sel = pd.concat(picked)
+            # geometric mean over repeated measurements of a point
+            pts = np.exp(np.log(sel.latency * 1e3).groupby([sel[c] for c in keys + split]).mean())
+            for (h, i, e, k, tp, ep, t), us in zip(pts.index, sig4(pts.to_numpy()), strict=True):
+                rows.append(f"{dtype},{gated},{h},{i},{e},{k},{tp},{ep},{t},{us}")
+            meta[f"{dtype}{'' if gated else '_nongated'}"] = {
+                "engine": "trtllm",
+                "kernel_source": ks,
+                "moe_dtype": moe_dtype,
+                "kernel": what if gated else f"TensorRT-LLM's fused MoE, non-gated, {moe_dtype}",
+                "distribution": "balanced",
+                "device": str(sel.device.iloc[0]) if "device" in sel else "",
+                "points": len(pts),
+                "versions": by_version,
+                "tokens": [int(t) for t in np.sort(sel.num_tokens.unique())],
+            }
+    return rows, meta
+
+
 def write_csv(path: Path, header: str, rows: list[str], gz: bool = False) -> None:
     """A CSV file; gzipped (as path + '.gz', with no timestamp so a rerun on the same data gives
     the same bytes) where `gz`, removing the other form."""
@@ -633,6 +752,14 @@ def distil(chip: str, folder: str, src: Path, out: Path, version: str, gz: bool)
     allreduce_rows, allreduce_meta = engine_allreduce_table(data)
     if allreduce_rows:
         write_csv(dest / "allreduce.csv", "engine,gpus,bytes,us", allreduce_rows)
+    moe_rows, moe_meta = moe_table(data)
+    if moe_rows:
+        write_csv(
+            dest / "moe.csv",
+            "dtype,gated,hidden,inter,experts,topk,tp,ep,tokens,us",
+            moe_rows,
+            gz=gz,
+        )
     bf16 = gemm_meta["bf16"]
     summary = (
         f"aiconfigurator-core {version} (Apache-2.0) {folder}: GEMM {bf16['engine']} "
@@ -668,6 +795,26 @@ def distil(chip: str, folder: str, src: Path, out: Path, version: str, gz: bool)
             "columns": COLUMNS["allreduce"],
             "monotone": "each size's time is the least measured at that size or any larger one",
             "engines": allreduce_meta,
+        }
+    if moe_rows:
+        prov["moe"] = {
+            "file": "moe.csv.gz" if gz else "moe.csv",
+            "columns": COLUMNS["moe"],
+            "layer": "one fused MoE layer on one rank, as TensorRT-LLM runs it: the tokens' "
+            "permutation to their experts, the grouped up (and gate) and down GEMMs, the "
+            "activation and the weighted unpermute; the router GEMM, shared experts and the "
+            "all-to-all are not in it",
+            "routing": "balanced: each expert gets tokens x topk / experts routed copies; "
+            "autoconfig adds the imbalance of uniform routing (cost/serving_moe.py)",
+            "splits": "rows with expert TP or EP 1 only (the source also measured mixed ones)",
+            "monotone": "as measured here; the loader makes each count's time the least at "
+            "it or any larger count (kernel_catalog)",
+            "between_shapes": "a model shape not measured takes the nearest measured shape of "
+            "the same dtype and gating (within 4x in hidden, inter and experts / topk) at the "
+            "tokens giving the same routed copies per expert, times experts x hidden x inter "
+            "over the measured shape's (both the weights and the FLOPs at equal rows per expert "
+            "scale so)",
+            "tables": moe_meta,
         }
     (dest / "provenance.yaml").write_text(
         "# Distilled from aiconfigurator-core's measured kernel data (Apache-2.0).\n"

@@ -2,9 +2,9 @@
 
 The cost layer (autoconfig.cost.kernel_tables) holds the arrays and lookups and reads no files;
 this spec-layer module reads each chip folder's gemm.csv (or gemm.csv.gz), attention.csv,
-nccl.csv, allreduce.csv (the serving engines' own all-reduce, where measured) and
-provenance.yaml, distilled from aiconfigurator-core's measurements (Apache-2.0) by
-scripts/distill_kernel_tables.py.
+nccl.csv, allreduce.csv (the serving engines' own all-reduce, where measured), moe.csv (the
+fused MoE layer, where measured) and provenance.yaml, distilled from aiconfigurator-core's
+measurements (Apache-2.0) by scripts/distill_kernel_tables.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from importlib.resources.abc import Traversable
 import numpy as np
 import pandas as pd
 
-from autoconfig.cost.kernel_tables import Grid, KernelTables
+from autoconfig.cost.kernel_tables import Grid, KernelTables, MoeShape
 
 
 def kernels_folder() -> Traversable:
@@ -56,6 +56,35 @@ def _grid(frame: pd.DataFrame, axes: list[str], value: str, where: str) -> Grid:
     )
 
 
+def _monotone(grid: Grid) -> Grid:
+    """A time over tokens with each count's time the least measured at it or any larger count:
+    fewer tokens can always run as more would (the small counts scatter by tens of percent
+    with the kernel each picks), and a step must not get faster with one more sequence."""
+    return Grid(grid.axes, np.minimum.accumulate(grid.values[::-1])[::-1])
+
+
+def _moe_shapes(folder: Traversable, chip: str) -> dict[tuple[str, bool], tuple[MoeShape, ...]]:
+    """The fused MoE table by (dtype, gated): each measured shape's time over tokens per
+    (expert tp, ep) split; empty where the chip has none."""
+    if not ((folder / "moe.csv").is_file() or (folder / "moe.csv.gz").is_file()):
+        return {}
+    frame = _read_csv(folder, "moe.csv")
+    out: dict[tuple[str, bool], tuple[MoeShape, ...]] = {}
+    shape_keys = ["hidden", "inter", "experts", "topk"]
+    for (dtype, gated), kind in frame.groupby(["dtype", "gated"], sort=False):
+        shapes = []
+        for (h, i, e, k), rows in kind.groupby(shape_keys, sort=True):
+            splits = {
+                (int(tp), int(ep)): _monotone(
+                    _grid(g, ["tokens"], "us", f"{chip} moe {dtype} {h}x{i}")
+                )
+                for (tp, ep), g in rows.groupby(["tp", "ep"], sort=True)
+            }
+            shapes.append(MoeShape(float(h), float(i), float(e), float(k), splits))
+        out[(str(dtype), bool(gated))] = tuple(shapes)
+    return out
+
+
 @cache
 def kernel_tables(chip: str) -> KernelTables | None:
     """One chip's measured tables, or None where the chip has none shipped."""
@@ -69,6 +98,7 @@ def kernel_tables(chip: str) -> KernelTables | None:
     measured_engines = (folder / "allreduce.csv").is_file()
     allreduce = _read_csv(folder, "allreduce.csv") if measured_engines else None
     return KernelTables(
+        moe=_moe_shapes(folder, chip),
         chip=chip,
         gemm={
             str(d): _grid(g, ["m", "n", "k"], "tflops", f"{chip} gemm {d}")

@@ -20,7 +20,9 @@ The layer is the same op list the training model uses (layer.py), run forward on
   pipeline-parallel decoding).
 - MoE: every expert's weights are held; a decode step reads only the experts its batch's
   tokens are routed to, E*(1 - (1 - k/E)^b) of them in expectation for uniform routing, and
-  computes only the top-k's FLOPs (Fedus et al. 2022; Lepikhin et al. 2020).
+  computes only the top-k's FLOPs (Fedus et al. 2022; Lepikhin et al. 2020). Where the
+  chip's fused-MoE table has the model's format and shape the routed experts take its
+  measured time instead (serving_moe).
 - KV cache per token and layer: 2 * kv_heads * head_dim * bytes / tp, with K/V heads
   replicated when tp exceeds kv_heads (GQA, Ainslie et al. 2023).
 """
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost import comm, kernel_time, serving_gemm, serving_overheads
+from autoconfig.cost import comm, kernel_time, serving_gemm, serving_moe, serving_overheads
 from autoconfig.cost.inputs import SWIGLU, Col, CostInputs
 from autoconfig.cost.layer import Op, head_ops, layer_ops, mlp_widths
 from autoconfig.cost.memory import stage_params
@@ -171,12 +173,21 @@ def _layer_phase(
     """One layer over `tokens` tokens; `attention` is the attention core's time."""
     x = s.x
     work = attention
+    # The routed experts as the fused MoE kernel runs them where the chip's table has the
+    # model's format and shape (serving_moe), else their GEMMs' time.
+    routed = serving_moe.layer_seconds(x, tokens, s.ep, s.weight_bytes, s.act_bytes)
     for op in ops:
-        if op.kind == "gemm":
-            share = expert_share if op.routed else 1.0
-            work = work + _gemm(s, op, tokens, share)
+        if op.kind == "gemm" and op.routed:
+            roofline = _gemm(s, op, tokens, expert_share)
+            work = work + (
+                roofline if routed is None else np.where(np.isfinite(routed), 0.0, roofline)
+            )
+        elif op.kind == "gemm":
+            work = work + _gemm(s, op, tokens)
         elif op.kind == "memory":
             work = work + op.moved * tokens / (x.hbm_bytes_s * s.eff_memory)
+    if routed is not None:
+        work = work + np.where(np.isfinite(routed), routed, 0.0)
     n = np.broadcast(work, x.kernel_chip).size
     kernels, _ = serving_overheads.kernel_costs(s, ops, n)
     tp = 2.0 * tp_all_reduce(s, 2.0 * tokens * x.hidden)

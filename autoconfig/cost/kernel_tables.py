@@ -1,4 +1,4 @@
-"""Measured kernel tables (GEMM, attention, NCCL) as pure arrays, and their vectorized lookups.
+"""Measured kernel tables (GEMM, attention, NCCL, fused MoE) as pure arrays, and their lookups.
 
 autoconfig.columns.kernel_catalog reads them from the package; nothing here touches files.
 Every table is a quantity on a regular grid over its axes; a lookup interpolates log(value)
@@ -103,6 +103,17 @@ def grid_lookup(grid: Grid, *coords: Col) -> Col:
 
 
 @dataclass(frozen=True)
+class MoeShape:
+    """One measured MoE layer shape: its time by tokens at each expert (tp, ep) split."""
+
+    hidden: float
+    inter: float
+    experts: float
+    topk: float
+    splits: dict[tuple[int, int], Grid]  # (expert tp, ep) -> Grid over tokens, values in us
+
+
+@dataclass(frozen=True)
 class KernelTables:
     """One chip's tables."""
 
@@ -113,6 +124,8 @@ class KernelTables:
     source: str  # one-line provenance summary
     # Serving engines' own TP all-reduce: engine -> Grid over (gpus, bytes), values in us.
     engine_allreduce: dict[str, Grid] = field(default_factory=dict)
+    # The fused MoE layer (routed experts): (dtype, gated) -> the measured model shapes.
+    moe: dict[tuple[str, bool], tuple[MoeShape, ...]] = field(default_factory=dict)
 
 
 def _table(tables: dict[str, Grid], key: str, what: str, chip: str) -> Grid:
@@ -201,3 +214,71 @@ def monotone_in_rows(grid: Grid) -> Grid:
     monotone = Grid(grid.axes, rows / least)
     _MONOTONE[id(grid)] = monotone
     return monotone
+
+
+# A model shape the MoE table did not measure is timed from the nearest measured one only
+# within this factor on hidden, expert FFN width and experts per routed copy (E / k).
+MOE_SHAPE_REACH = 4.0
+
+
+def nearest_moe_shape(
+    t: KernelTables,
+    dtype: str,
+    gated: bool,
+    hidden: float,
+    inter: float,
+    experts: float,
+    topk: float,
+) -> MoeShape | None:
+    """The measured shape a MoE layer of this shape is timed from: the same shape where
+    measured, else the nearest in log2 distance over (hidden, inter, experts / topk) within
+    MOE_SHAPE_REACH on each; None where none is (or the chip has no table for the dtype)."""
+    best, best_d = None, np.inf
+    for shape in t.moe.get((dtype, gated), ()):
+        ratios = np.array(
+            [
+                hidden / shape.hidden,
+                inter / shape.inter,
+                (experts / topk) / (shape.experts / shape.topk),
+            ]
+        )
+        logs = np.abs(np.log2(ratios))
+        if np.any(logs > np.log2(MOE_SHAPE_REACH)):
+            continue
+        # Exact expert counts and top-k break ties: the same routing pattern.
+        d = float(logs.sum()) + 1e-3 * (
+            abs(np.log2(experts / shape.experts)) + abs(np.log2(topk / shape.topk))
+        )
+        if d < best_d:
+            best, best_d = shape, d
+    return best
+
+
+def moe_seconds(
+    t: KernelTables,
+    dtype: str,
+    gated: bool,
+    shape: tuple[float, float, float, float],
+    split: tuple[int, int],
+    tokens: Col,
+) -> Col | None:
+    """Seconds of one fused MoE layer on one rank for `tokens` tokens under balanced routing,
+    as measured for the model `shape` (hidden, expert FFN width, experts, top-k) at the expert
+    (tp, ep) `split`; None where the table has neither the shape (nor one near it:
+    nearest_moe_shape) nor the split.
+
+    Between shapes: the nearest measured one at the tokens giving each expert the same routed
+    copies (tokens x k / E), times E x hidden x inter over its own: at equal rows per expert
+    the weights read and the FLOPs both scale so. Tokens are interpolated in log-log space;
+    below one token the one-token time, beyond the largest measured count in proportion."""
+    hidden, inter, experts, topk = shape
+    near = nearest_moe_shape(t, dtype, gated, hidden, inter, experts, topk)
+    if near is None or split not in near.splits:
+        return None
+    grid = near.splits[split]
+    copies = (topk / experts) / (near.topk / near.experts)
+    scale = (experts * hidden * inter) / (near.experts * near.hidden * near.inter)
+    m = np.maximum(np.asarray(tokens, float) * copies, 1.0)
+    top = grid.axes[0][-1]
+    us = grid_lookup(grid, np.minimum(m, top)) * np.maximum(m / top, 1.0)
+    return us * scale * 1e-6

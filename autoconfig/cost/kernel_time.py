@@ -158,9 +158,10 @@ def attention_efficiency(
 
 
 def collective_time(kernels: KernelSet, codes: Col, op: str, size: Col, nbytes: Col) -> Col | None:
-    """Seconds of one NCCL collective (`op`: all_reduce, all_gather, reduce_scatter) over
-    `size` ranks of one NVLink domain on a whole buffer of `nbytes`, as measured on each row's
-    chip (NaN on rows without a table; None if no row has one)."""
+    """Seconds of one NCCL collective (`op`: all_reduce, all_gather, reduce_scatter, alltoall)
+    over `size` ranks of one NVLink domain on a whole buffer of `nbytes` (alltoall's: what
+    each rank sends, (size-1)/size of it to other ranks), as measured on each row's chip
+    (NaN on rows without a table; None if no row has one)."""
 
     def seconds(code: int, _: float, coords: tuple[Col, ...]) -> Col:
         ranks, buffer = (np.asarray(c, float) for c in coords)

@@ -14,7 +14,8 @@ kernel dequantises them and computes in 16 bits). No table holds a weight-only k
 takes the 16-bit GEMM's time scaled by its weight bytes where the 16-bit one streams weights
 (small m), and the 16-bit GEMM's compute rate where that is slower (large m). fp32 and chips
 without tables keep the roofline (inference._gemm, serving_step's coefficients). Routed
-experts keep it too: their GEMMs run grouped, a kernel the tables do not hold.
+experts run as one fused grouped kernel, not these GEMMs: serving_moe times them from the MoE
+table, and they keep the roofline where it does not reach.
 """
 
 from __future__ import annotations

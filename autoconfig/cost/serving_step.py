@@ -17,6 +17,9 @@ iteration with decodes):
   bandwidth; with expert parallelism the MLP's all-reduce becomes a dispatch and a combine
   all-to-all of the routed tokens (Lepikhin et al. 2020, GShard);
 - a fixed cost per kernel, and the LM head over the sequences that emit a token.
+Where the chip's measured tables reach, they replace these models: the dense GEMMs
+(serving_gemm), the routed experts as the fused MoE kernel with the busiest rank's load and
+the expert all-to-alls (serving_moe), the TP all-reduces (the engines' own or NCCL's).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost import comm, kernel_time, serving_gemm, serving_overheads
+from autoconfig.cost import comm, kernel_time, serving_gemm, serving_moe, serving_overheads
 from autoconfig.cost.inference import ServeInputs, kv_bytes_per_token, measured_all_reduce
 from autoconfig.cost.inputs import Col
 from autoconfig.cost.layer import head_ops, layer_ops
@@ -61,6 +64,10 @@ class StepModel:
     # NCCL's, one node), and those all-reduces' seconds at the same token counts, [T, N].
     comm_rows: np.ndarray
     comm_curve: np.ndarray
+    # Deployments whose routed experts the fused-MoE table times (serving_moe), and their
+    # seconds at the same token counts, [T, N]: the routed GEMMs' roofline is dropped there.
+    moe_rows: np.ndarray
+    moe_curve: np.ndarray
     head_curve: np.ndarray  # the LM head's GEMM by emitting sequences, on measured_rows
     # Host time to launch an iteration's kernels one by one (0 where not measured), and the
     # CUDA graphs that spare it: the largest iteration captured, whether with prefill tokens.
@@ -88,12 +95,19 @@ class StepModel:
             share = self._expert_share(t)
             weights = weights * np.where(self.routed[:, None], share, 1.0)
         roofline = np.maximum(self.gemm_flop_s * t, weights + self.gemm_act_s * t)
-        if self.measured_rows.any():
-            by_table = ~self.routed[:, None] & self.measured_rows[None, :]
-            gemms = np.where(by_table, 0.0, roofline).sum(axis=0)
-            gemms = gemms + np.where(
-                self.measured_rows, serving_gemm.on_curve(self.dense_curve, t), 0.0
+        if self.measured_rows.any() or self.moe_rows.any():
+            by_table = np.where(
+                self.routed[:, None], self.moe_rows[None, :], self.measured_rows[None, :]
             )
+            gemms = np.where(by_table, 0.0, roofline).sum(axis=0)
+            if self.measured_rows.any():
+                gemms = gemms + np.where(
+                    self.measured_rows, serving_gemm.on_curve(self.dense_curve, t), 0.0
+                )
+            if self.moe_rows.any():
+                gemms = gemms + np.where(
+                    self.moe_rows, serving_gemm.on_curve(self.moe_curve, t), 0.0
+                )
         else:
             gemms = roofline.sum(axis=0)
         if self.comm_rows.any():
@@ -185,6 +199,10 @@ def step_model(s: ServeInputs) -> StepModel:
     comm_rows, comm_curve = _measured_all_reduces(s, layers, expert_parallel, n)
     # Where the tables time the all-reduces, only the expert all-to-alls stay per token.
     per_layer_token = np.where(comm_rows, np.where(expert_parallel, a2a_s, 0.0), per_layer_token)
+    # ... and where the NCCL table times the all-to-alls too (one node), nothing does.
+    a2a_rows, a2a_curve = _measured_all_to_alls(s, layers, expert_parallel, n)
+    per_layer_token = np.where(comm_rows & a2a_rows, 0.0, per_layer_token)
+    comm_curve = comm_curve + np.where(comm_rows & a2a_rows, a2a_curve, 0.0)
     comm_token_s = np.where(tp_on, layers * per_layer_token, 0.0)
     head = next(op for op in head_ops(x) if op.name == "lm_head")
     head_flop_s = np.broadcast_to(head.flops / peak, (n,))
@@ -199,6 +217,7 @@ def step_model(s: ServeInputs) -> StepModel:
     if curve is None or head_curve is None:
         rows, curve = np.zeros(n, bool), np.zeros((len(serving_gemm.TOKEN_GRID), n))
         head_curve = curve
+    moe_rows, moe_curve = serving_moe.token_curve(x, layers, s.ep, s.weight_bytes, s.act_bytes, n)
     gathered, logits = _measured_logits_gather(s, rows, n)
     head_curve = head_curve + logits
     fixed_s, launch_s = _fixed_costs(s, ops, layers, tree, comm_rows, gathered, n)
@@ -224,6 +243,8 @@ def step_model(s: ServeInputs) -> StepModel:
         dense_curve=curve,
         comm_rows=comm_rows,
         comm_curve=comm_curve,
+        moe_rows=moe_rows,
+        moe_curve=moe_curve,
         head_curve=head_curve,
         launch_s=np.broadcast_to(launch_s, (n,)),
         iteration_s=np.broadcast_to(s.iteration_s, (n,)).astype(float),
@@ -292,6 +313,26 @@ def _measured_all_reduces(
     return rows, np.where(rows, curve, 0.0)
 
 
+def _measured_all_to_alls(
+    s: ServeInputs, layers: Col, expert_parallel: Col, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose expert-parallel dispatch and combine the NCCL table times (ep ranks within
+    the measured ones), and their seconds per iteration at serving_gemm.TOKEN_GRID tokens,
+    [T, N]; rows without expert parallelism have none to time (true, 0)."""
+    x = s.x
+    curve = np.zeros((len(serving_gemm.TOKEN_GRID), n))
+    ep = np.where(expert_parallel, np.broadcast_to(np.asarray(s.ep, float), (n,)), 1.0)
+    if not np.any(expert_parallel):
+        return np.ones(n, bool), curve
+    for j, tokens in enumerate(serving_gemm.TOKEN_GRID):
+        seconds = serving_moe.all_to_all_seconds(x, np.full(n, tokens), ep, s.act_bytes)
+        if seconds is None:
+            return ~np.broadcast_to(np.asarray(expert_parallel, bool), (n,)), curve
+        curve[j] = np.broadcast_to(seconds, (n,)) * np.broadcast_to(layers, (n,))
+    rows = np.asarray(np.isfinite(curve).all(axis=0), bool)
+    return rows, np.where(rows, curve, 0.0)
+
+
 def take(model: StepModel, rows: np.ndarray) -> StepModel:
     """The coefficients of the deployments at `rows` (a simulation of a subset)."""
     picked = {}
@@ -299,7 +340,7 @@ def take(model: StepModel, rows: np.ndarray) -> StepModel:
         value = getattr(model, name)
         if name == "routed":
             picked[name] = value
-        elif name in ("measured_rows", "comm_rows"):
+        elif name in ("measured_rows", "comm_rows", "moe_rows"):
             picked[name] = np.asarray(value)[rows]
         elif np.ndim(value) == 2:
             picked[name] = value[:, rows]
