@@ -214,12 +214,12 @@ ROWS = pd.DataFrame(
         "run_id": ["on", "off", "missing_gpu", "missing_model", "no_split"],
         "source_group": ["g"] * 5,
         "algorithm": ["GRPO"] * 5,
-        "model": ["Llama-3.1-8B-Instruct"] * 3 + ["Qwen3-32B", "Llama-3.1-8B-Instruct"],
+        "model": ["Llama-3.1-8B-Instruct"] * 3 + ["Qwen9-32B", "Llama-3.1-8B-Instruct"],
         "num_gpus": ["16"] * 5,
         "gpu": [
             "h100-sxm-80gb",
             "h100-sxm-80gb",
-            "a800-sxm-80gb",
+            "a900-sxm-80gb",
             "h100-sxm-80gb",
             "h100-sxm-80gb",
         ],
@@ -243,8 +243,8 @@ def test_runs_give_one_row_per_input_row_with_each_reason() -> None:
     assert len(result) == len(ROWS)
     errors = dict(zip(result["run_id"], result["error"], strict=True))
     assert errors["on"] == errors["off"] == ""
-    assert "a800-sxm-80gb is not in the catalog" in errors["missing_gpu"]
-    assert "Qwen3-32B is not in the catalog" in errors["missing_model"]
+    assert "a900-sxm-80gb is not in the catalog" in errors["missing_gpu"]
+    assert "Qwen9-32B is not in the catalog" in errors["missing_model"]
     assert "rollout_gpus" in errors["no_split"]
     on, off = result.iloc[0], result.iloc[1]
     assert on["pred_switch_s"] > 0 and off["pred_switch_s"] == 0

@@ -37,10 +37,11 @@ PUBLISHED_MODELS: dict[str, str | None] = {
     "deepseek-v3 (671b moe)": "deepseek-v3-no-mtp",
     "llama-3.1-8b-instruct": "llama3-8b",
     "nemotron-3-nano-30b-a3b": "nemotron-3-nano",
-    "qwen3-32b": None,
+    "qwen3-32b": "qwen3-32b",
 }
-# OpenRLHF's README names sizes, not checkpoints: the LLaMA 2 of that size where one exists.
-LLAMA2_SIZES = {"7b": "llama2-7b", "13b": "llama2-13b", "70b": "llama2-70b"}
+# OpenRLHF's README names sizes, not checkpoints: the LLaMA 2 of that size where one exists;
+# Meta released no 34B LLaMA 2, so 34B reads as Code Llama 34B, the LLaMA 2 family's one.
+LLAMA2_SIZES = {"7b": "llama2-7b", "13b": "llama2-13b", "34b": "codellama-34b", "70b": "llama2-70b"}
 
 OUTPUT_COLUMNS = (
     "pred_step_time_s",
