@@ -30,6 +30,7 @@ from autoconfig.layout_search.space import mlp_split_rule
 from autoconfig.rows.resolve import RESOLVED, as_framework_would, auto_settings, read_resolved
 from autoconfig.rows.training import with_predictions
 from autoconfig.spec import defaults, layout
+from autoconfig.spec.documents import DocLengths
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
 from autoconfig.spec.task import DEFAULT_LORA_RANK, DEFAULT_LORA_TARGETS, PRETRAIN, TaskSpec
 from autoconfig.spec.vocab import Batching, Engine, OptimizerState, Task
@@ -98,6 +99,8 @@ def estimate(
     task: str = Task.PRETRAIN.value,
     lora_rank: int = DEFAULT_LORA_RANK,
     lora_targets: str = DEFAULT_LORA_TARGETS.value,
+    doc_lengths: DocLengths | str | Path | None = None,
+    packed: bool = True,
 ) -> pd.DataFrame:
     """One configuration's predictions and breakdown as a one-row DataFrame: the layout (every
     dimension, defaults resolved), the run, then the pred_* columns and breakdowns, for the
@@ -111,7 +114,10 @@ def estimate(
     lora, qlora) says what the run trains; lora and qlora train adapters of `lora_rank` on
     `lora_targets` (qkv, attention, all) over frozen base weights (spec/task.py).
     `optimizer_state` (fp32, bf16, fp8) is the precision of the Adam state
-    (cost/optimizer.py), where the framework runs it.
+    (cost/optimizer.py), where the framework runs it. `doc_lengths` (a preset name such as
+    'squad', a CSV of lengths, or a DocLengths) says how long the documents of a sequence
+    are: `packed` into it (attention per document) or padded to it one a sequence
+    (spec/documents.py).
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
@@ -132,6 +138,8 @@ def estimate(
         task=task,
         lora_rank=lora_rank,
         lora_targets=lora_targets,
+        doc_lengths=doc_lengths,
+        packed=packed,
     )
     spec, gpu_spec, fw, num_gpus = request.model, request.gpu, request.framework, request.gpus
     sizes = {"tp": tp, "pp": pp, "vp": vp, "cp": cp, "ep": ep, "etp": etp, "mbs": mbs}
@@ -297,11 +305,14 @@ def search(
     task: str = Task.PRETRAIN.value,
     lora_rank: int = DEFAULT_LORA_RANK,
     lora_targets: str = DEFAULT_LORA_TARGETS.value,
+    doc_lengths: DocLengths | str | Path | None = None,
+    packed: bool = True,
 ) -> SearchResult:
     """Every valid layout for `gpus` GPUs, evaluated and ranked. `result.table` holds every
     evaluated layout (feasible first, best first); the result's fields say what was asked,
     how many layouts each rule dropped, why the winner wins, and what would fit when nothing
-    does. `task`, `lora_rank` and `lora_targets` as in `estimate`."""
+    does. `task`, `lora_rank`, `lora_targets`, `doc_lengths` and `packed` as in
+    `estimate`."""
     request = search_run.make_request(
         model,
         gpus,
@@ -322,6 +333,8 @@ def search(
         task=task,
         lora_rank=lora_rank,
         lora_targets=lora_targets,
+        doc_lengths=doc_lengths,
+        packed=packed,
     )
     return search_run.run(request)
 

@@ -35,7 +35,11 @@ SOURCE_FACTS: dict[str, dict[str, str]] = {
     # NeMo 24.07's LoRA runs: the NeMo 1 PEFT path of that release adapts attention_qkv by
     # default (nemo-toolkit 2.0.0rc1, nlp/parts/peft_config.py get_target_modules default
     # ("attention_qkv",)) with adapter_dim 32 (llm.peft.LoRA dim 32 in the same release).
-    "NeMo 24.07 perf summary": {"lora_targets": "qkv", "lora_rank": "32"},
+    # The table: "we use SQuAD-v1.1 dataset, and the inputs are packed to 4096 tokens" (the
+    # row's `packed` y); NeMo's packed SFT runs Transformer Engine's THD (variable-length)
+    # attention, each example attending within itself: the squad preset's lengths, an
+    # estimate (spec.documents).
+    "NeMo 24.07 perf summary": {"lora_targets": "qkv", "lora_rank": "32", "doc_lengths": "squad"},
     # examples/llm_benchmark/*_peft_benchmark.yaml: target_modules '*_proj' (every linear of a
     # layer), dim 16 (the row's lora_rank); the table's FSDP column is dp.
     "NeMo AutoModel perf summary (LoRA, H100)": {
@@ -122,8 +126,6 @@ MODEL_FACTS: dict[str, dict[str, str]] = {
 
 # What a group's runs did that the model does not have yet, named where its rows miss.
 MISSING_OPS: dict[str, str] = {
-    "NeMo 24.07 perf summary": "per-document attention of SQuAD packed to 4096 (the model "
-    "attends over the whole 4,096 tokens)",
     "torchtune README": "fsdp_cpu_offload of the 70B full run (parameters and optimizer on "
     "the CPU); QLoRA has no torch-native framework profile",
     "torchtune README (optimization flags)": "padding waste of the unpacked baseline, chunked "

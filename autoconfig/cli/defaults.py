@@ -156,3 +156,21 @@ def trial_memory_gib() -> float:
         rich_help_panel=MEASURE,
         callback=AMOUNT,
     )
+
+
+def doc_lengths() -> str:
+    # plain text: a preset name or a file, read by spec.documents (a bad file is its one line)
+    return typer.Option(
+        None,
+        help="document lengths of the sequences: a preset (squad: SQuAD-like ~200-token "
+        "examples, an estimate) or a CSV with a 'length' column (or input_len, output_len); "
+        "packed into each sequence unless --padded",
+    )
+
+
+def padded() -> bool:
+    return typer.Option(
+        False,
+        help="with --doc-lengths: one document a sequence, padded to --seq-len (padding is "
+        "computed but not counted as trained tokens) instead of packed",
+    )

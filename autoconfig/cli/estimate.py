@@ -21,6 +21,7 @@ from autoconfig.report import compare_view as compare_report
 from autoconfig.report import files, terminal
 from autoconfig.rows.resolve import auto_settings
 from autoconfig.spec import layout
+from autoconfig.spec.documents import doc_lengths as read_doc_lengths
 from autoconfig.spec.vocab import Framework, OptimizerState, Precision, Recompute
 
 # The flags a batch estimate (--runs) takes; every other flag describes one layout.
@@ -82,6 +83,8 @@ def estimate(
     task: str = defaults.task(),
     lora_rank: str = defaults.lora_rank(),
     lora_targets: str = defaults.lora_targets(),
+    doc_lengths: str = defaults.doc_lengths(),
+    padded: bool = defaults.padded(),
     compare: bool = typer.Option(
         False, help="rank this layout in the search over the same model, GPUs and batch"
     ),
@@ -116,6 +119,8 @@ def estimate(
     if profile is not None and not defaults.defaulted(ctx, "gpu"):
         raise UserError("profile: give --profile or --gpu, not both")
     gpu = profile or gpu
+    # a bad lengths file is one line before any work
+    docs = read_doc_lengths(doc_lengths) if doc_lengths is not None else None
     chosen_names = auto_settings(auto or "")
     for name in chosen_names:  # a setting is given or left to the framework, not both
         for flag in AUTO_FLAGS[name]:
@@ -153,6 +158,8 @@ def estimate(
         task=task,
         lora_rank=lora_rank,
         lora_targets=lora_targets,
+        doc_lengths=docs,
+        packed=not padded,
     )
     row = result.iloc[0]
     if row["auto"]:
@@ -193,6 +200,8 @@ def estimate(
         task=task,
         lora_rank=lora_rank,
         lora_targets=lora_targets,
+        doc_lengths=docs,
+        packed=not padded,
     )
     per_rank = int(row["seq_len"]) // int(row["cp"])
     if int(row["cp"]) > 1 and per_rank < request.space.min_tokens_per_cp_rank:

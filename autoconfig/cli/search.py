@@ -42,6 +42,7 @@ from autoconfig.spec.defaults import (
 if TYPE_CHECKING:  # optuna and submitit load only when a measured search runs
     from autoconfig.measure.session import MeasureOptions
 
+from autoconfig.spec.documents import doc_lengths as read_doc_lengths
 from autoconfig.spec.task import task_spec
 from autoconfig.spec.vocab import Device, Executor, Framework, Precision, Sampler
 
@@ -100,6 +101,8 @@ def search(
     task: str = defaults.task(),
     lora_rank: str = defaults.lora_rank(),
     lora_targets: str = defaults.lora_targets(),
+    doc_lengths: str = defaults.doc_lengths(),
+    padded: bool = defaults.padded(),
     measure: bool = typer.Option(False, help="confirm the best candidates with profiled runs"),
     trials: int = typer.Option(
         8, help="finished trials to run", rich_help_panel=MEASURE, callback=COUNT
@@ -148,6 +151,12 @@ def search(
     --measure, confirm the best with short profiled runs of the bundled trainer."""
     fixed = layout.parse_fix(fix)
     what = task_spec(task, lora_rank, lora_targets)  # a bad task is one line before any work
+    # a bad lengths file is one line before any work
+    docs = read_doc_lengths(doc_lengths) if doc_lengths is not None else None
+    if measure and docs is not None:
+        raise UserError(
+            "doc-lengths: the bundled trainer that --measure runs trains whole sequences"
+        )
     if measure and what.adapters:
         raise UserError(
             f"task: the bundled trainer that --measure runs trains every weight, not {what.task}"
@@ -209,6 +218,8 @@ def search(
             task=what.task.value,
             lora_rank=what.lora_rank,
             lora_targets=what.lora_targets.value,
+            doc_lengths=docs,
+            packed=not padded,
         )
         defaults.announce(
             ctx,

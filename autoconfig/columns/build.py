@@ -104,6 +104,10 @@ class Behaviour:
     task: Values = 0.0
     lora_rank: Values = 0.0
     lora_targets: Values = 0.0
+    # The documents the sequences hold (spec.documents): packed documents' E[l^2]/E[l] (0: one
+    # document a sequence) and the share of tokens that are not padding.
+    doc_len: Values = 0.0
+    useful_share: Values = 1.0
 
     def columns(self) -> dict[str, Values]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

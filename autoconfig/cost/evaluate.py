@@ -29,7 +29,8 @@ def evaluate(x: CostInputs) -> dict[str, Col]:
     time = step_time(x, ops, params)
     step = time.total
     num_gpus = x.dp * x.tp * x.pp * x.cp
-    tokens_per_gpu = x.gbs * x.seq / (step * num_gpus)
+    # Padding is computed but trains nothing: only the documents' tokens count (spec.documents).
+    tokens_per_gpu = x.useful_share * x.gbs * x.seq / (step * num_gpus)
     tflops = model_flops_per_token(x) * tokens_per_gpu
     peak = mem.total / GIB
     out = {

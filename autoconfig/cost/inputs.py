@@ -168,6 +168,10 @@ class CostInputs:
     task: Col
     lora_rank: Col
     lora_targets: Col
+    # Packed documents' length as the average token sees it, E[l^2]/E[l] (0: the sequence is
+    # one document), and the share of computed tokens that are not padding (spec.documents).
+    doc_len: Col
+    useful_share: Col
     # Index of the row's chip in `kernels` (its measured GEMM and attention tables); -1 where
     # the chip has none and the profile's efficiency constants time those ops.
     kernel_chip: Col
@@ -249,6 +253,8 @@ OPTIONAL_COLUMNS = {
     "task": 0.0,
     "lora_rank": 0.0,
     "lora_targets": 0.0,
+    "doc_len": 0.0,
+    "useful_share": 1.0,
 }
 
 

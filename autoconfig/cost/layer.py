@@ -106,11 +106,23 @@ def attention_widths(x: CostInputs) -> tuple[Col, Col, Col]:
     return qk, v, np.where(mla, qk - x.heads * x.rope_dim + v, 2.0 * x.kv_heads * x.head_dim)
 
 
+def attended_length(x: CostInputs) -> Col:
+    """The length of the causal attention a token takes part in: the sequence, or for packed
+    documents under flash attention E[l^2]/E[l] (spec.documents). Variable-length flash
+    attention keeps a document to its own keys, so a sequence of documents l_i costs
+    sum l_i^2 / 2 pairs, doc_len / seq of the whole sequence's; an unfused kernel masks the
+    documents apart but still computes every score, so it keeps the sequence."""
+    packed = (x.doc_len > 0) & (x.flash > 0)
+    return np.where(packed, np.minimum(x.doc_len, x.seq), x.seq)
+
+
 def attention_span(x: CostInputs) -> Col:
     """Keys each query attends to, as a full-sequence equivalent: causal attention averages
-    s/2 keys (timing halves the full count), a sliding window of w keys min(w, s/2)."""
-    window = np.where(x.window > 0, 2.0 * np.minimum(x.window, x.seq / 2.0), x.seq)
-    return x.window_share * window + (1.0 - x.window_share) * x.seq
+    s/2 keys (timing halves the full count), a sliding window of w keys min(w, s/2); s is the
+    attended length (the packed documents' where they are apart)."""
+    s = attended_length(x)
+    window = np.where(x.window > 0, 2.0 * np.minimum(x.window, s / 2.0), s)
+    return x.window_share * window + (1.0 - x.window_share) * s
 
 
 def _column_parallel(

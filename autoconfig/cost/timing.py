@@ -66,6 +66,7 @@ from autoconfig.cost.inputs import (
 from autoconfig.cost.layer import (
     ZERO,
     Op,
+    attended_length,
     attention_widths,
     embedding_ops,
     head_ops,
@@ -217,12 +218,16 @@ def _fallback_gemm(x: CostInputs, op: Op, tokens: Col, missing: Col) -> tuple[Co
 
 def _measured_attention(x: CostInputs, flops: Col, modelled: Col) -> tuple[Col, Col] | None:
     """Causal flash attention from the chip's measured forward kernels: its micro-batch's
-    sequences times the rank's heads run in parallel over seq/cp queries each (ring attention
-    works on cp blocks); backward ATTENTION_BACKWARD_OVER_FORWARD times the forward. Rows
-    without a table, or without flash attention, keep the `modelled` forward (2.5x backward)."""
+    sequences (or packed documents) times the rank's heads run in parallel over length/cp
+    queries each (ring attention works on cp blocks); backward ATTENTION_BACKWARD_OVER_FORWARD
+    times the forward. Rows without a table, or without flash attention, keep the `modelled`
+    forward (2.5x backward)."""
     head_dim = x.head_dim + np.where(x.kv_lora > 0, x.rope_dim, 0.0)
-    pairs = x.mbs * x.heads / x.tp
-    eff = kernel_time.attention_efficiency(x.kernels, x.kernel_chip, head_dim, x.seq / x.cp, pairs)
+    # Packed documents run as seq/length independent (document, head) problems of their own
+    # length each (the varlen kernel's grid), so the table is read at the document length.
+    length = attended_length(x)
+    pairs = x.mbs * x.heads / x.tp * (x.seq / length)
+    eff = kernel_time.attention_efficiency(x.kernels, x.kernel_chip, head_dim, length / x.cp, pairs)
     if eff is None:
         return None
     fwd = flops / (x.peak_bf16_flops * eff)

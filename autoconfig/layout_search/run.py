@@ -20,6 +20,8 @@ from autoconfig.layout_search.rank import Constraints, explain_winner, memory_li
 from autoconfig.layout_search.result import SearchRequest, SearchResult
 from autoconfig.layout_search.space import enumerate_candidates, load_space
 from autoconfig.spec import catalog, defaults, layout
+from autoconfig.spec.documents import DocLengths
+from autoconfig.spec.documents import doc_lengths as read_doc_lengths
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec, SearchSpace
 from autoconfig.spec.task import (
     DEFAULT_LORA_RANK,
@@ -52,6 +54,8 @@ def make_request(
     task: str = Task.PRETRAIN.value,
     lora_rank: int = DEFAULT_LORA_RANK,
     lora_targets: str = DEFAULT_LORA_TARGETS.value,
+    doc_lengths: DocLengths | str | Path | None = None,
+    packed: bool = True,
 ) -> SearchRequest:
     """The request with every default resolved; bad input is one UserError line. The one
     resolver of a training question: the search, `estimate` and `plan` all ask it, so each
@@ -83,6 +87,9 @@ def make_request(
     seq = seq_len or spec.seq_len
     if spec.max_seq_len and seq > spec.max_seq_len:
         raise UserError(f"seq-len: {seq} exceeds {spec.name}'s context of {spec.max_seq_len}")
+    if doc_lengths is not None:
+        docs = doc_lengths if isinstance(doc_lengths, DocLengths) else read_doc_lengths(doc_lengths)
+        what = what.with_documents(docs, seq, packed)
     rule = default_batch(spec, seq) if gbs is None else None
     batch = gbs if rule is None else rule.gbs
     if batch < 1:

@@ -23,6 +23,7 @@ from autoconfig.columns import frameworks
 from autoconfig.columns.build import Behaviour, Hardware, training_inputs
 from autoconfig.cost.inputs import CostInputs, busiest_rank_layers
 from autoconfig.spec import catalog, layout
+from autoconfig.spec.documents import document_columns, packed_cell
 from autoconfig.spec.schema import FrameworkSpec, GPUSpec, ModelSpec
 from autoconfig.spec.task import (
     DEFAULT_LORA_RANK,
@@ -485,8 +486,9 @@ def read_tasks(
         except UserError as exc:
             err.add(rows, str(exc))
             continue
-        for name, value in spec.columns().items():
-            out[name][rows] = value
+        columns = spec.columns()  # the documents come from read_documents
+        for name in out:
+            out[name][rows] = columns[name]
         if spec.task is Task.PRETRAIN:
             continue  # every framework pretrains every model
         for pos in np.flatnonzero(rows):
@@ -495,6 +497,28 @@ def read_tasks(
                 check_model(spec, models[pos])
             except UserError as exc:
                 err.add(df.index == df.index[pos], str(exc))
+    return out
+
+
+def read_documents(df: pd.DataFrame, seq: pd.Series, err: Errors) -> dict[str, np.ndarray]:
+    """Each row's document columns (spec.documents): `doc_lengths` (a preset such as squad,
+    or a length in tokens; blank: whole sequences) at the row's seq_len, packed unless
+    `packed` says n (its first word: 'y (SQuAD packed to 4096)'); a bad cell is the row's
+    error."""
+    out = {"doc_len": np.zeros(len(df)), "useful_share": np.ones(len(df))}
+    if "doc_lengths" not in df:
+        return out
+    cells = text_column(df, "doc_lengths")
+    packed = text_column(df, "packed") if "packed" in df else pd.Series("", index=df.index)
+    for pos, (cell, pack, length) in enumerate(zip(cells, packed, seq, strict=True)):
+        if cell.strip().lower() in UNKNOWN:
+            continue
+        try:
+            cols = document_columns(cell, float(length), packed_cell(pack))
+        except UserError as exc:
+            err.add(df.index == df.index[pos], str(exc))
+            continue
+        out["doc_len"][pos], out["useful_share"][pos] = cols["doc_len"], cols["useful_share"]
     return out
 
 
@@ -589,7 +613,8 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     gpus = read_gpus(df, num, precision, err)
     behaviour = read_behaviour(df, fws, precision, err)
     tasks = read_tasks(df, fws, models, precision, err)
-    behaviour = replace(behaviour, **tasks)
+    documents = read_documents(df, num["seq_len"].fillna(1.0), err)
+    behaviour = replace(behaviour, **tasks, **documents)
 
     bad = err.bad
     clean = layouts.copy()

@@ -3,10 +3,11 @@ once for every entry point: the API, the commands and a --runs table's cells."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoconfig.base import checks
 from autoconfig.base.errors import UserError
+from autoconfig.spec.documents import DocLengths
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec
 from autoconfig.spec.vocab import LoraTargets, Precision, Task
 
@@ -24,6 +25,12 @@ class TaskSpec:
     task: Task = Task.PRETRAIN
     lora_rank: int = DEFAULT_LORA_RANK
     lora_targets: LoraTargets = DEFAULT_LORA_TARGETS
+    # The documents the sequences hold, resolved at the run's sequence length
+    # (spec.documents.DocLengths.columns): the packed documents' E[l^2]/E[l] (0: one document a
+    # sequence), the share of tokens that are not padding, and how results name them.
+    doc_len: float = 0.0
+    useful_share: float = 1.0
+    documents: str = ""
 
     @property
     def adapters(self) -> bool:
@@ -36,13 +43,29 @@ class TaskSpec:
             "task": float(self.task.code),
             "lora_rank": float(self.lora_rank) if self.adapters else 0.0,
             "lora_targets": float(self.lora_targets.code) if self.adapters else 0.0,
+            "doc_len": self.doc_len,
+            "useful_share": self.useful_share,
         }
 
     def label(self) -> str:
-        """How results name the task: 'lora r16 all', or the task alone."""
-        if not self.adapters:
-            return self.task.value
-        return f"{self.task.value} r{self.lora_rank} {self.lora_targets.value}"
+        """How results name the task: 'lora r16 all', or the task alone, then the documents
+        where they are not whole sequences."""
+        name = self.task.value
+        if self.adapters:
+            name = f"{name} r{self.lora_rank} {self.lora_targets.value}"
+        return f"{name}, {self.documents}" if self.documents else name
+
+    def with_documents(self, docs: DocLengths | None, seq: int, packed: bool = True) -> TaskSpec:
+        """The task with `docs` resolved at `seq` tokens a sequence (None: whole sequences)."""
+        if docs is None:
+            return self
+        cols = docs.columns(seq, packed)
+        return replace(
+            self,
+            doc_len=cols["doc_len"],
+            useful_share=cols["useful_share"],
+            documents=docs.describe(seq, packed),
+        )
 
 
 PRETRAIN = TaskSpec()
