@@ -311,3 +311,19 @@ def test_a_higher_acceptance_rate_lowers_tpot_and_raises_capacity() -> None:
 )
 def test_bad_feature_flags_are_one_line(extra: list[str], needles: list[str]) -> None:
     assert_user_error(run(*FLAGS, *extra), *needles)
+
+
+def test_emit_keeps_the_prefix_cache_on_when_a_hit_rate_was_predicted() -> None:
+    """The launch flags run what was predicted: the prefix cache off without a hit rate, on
+    (no --no-enable-prefix-caching / --disable-radix-cache) with one."""
+    from autoconfig import api
+    from autoconfig.report.serving_flags import launch_flags
+    from autoconfig.spec.vocab import Engine
+
+    args = ("llama3-8b", 8, "h100-sxm-80gb")
+    plain = api.infer(*args, requests=100, disaggregation=False)
+    cached = api.infer(*args, requests=100, disaggregation=False, prefix_hit_rate=0.5)
+    assert "--no-enable-prefix-caching" in launch_flags(plain, Engine.VLLM)
+    assert "--no-enable-prefix-caching" not in launch_flags(cached, Engine.VLLM)
+    assert "--disable-radix-cache" not in launch_flags(cached, Engine.SGLANG)
+    assert "enable_block_reuse: true" in launch_flags(cached, Engine.TRTLLM)

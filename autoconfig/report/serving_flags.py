@@ -44,16 +44,17 @@ def launch_flags(result: ServingResult, engine: Engine) -> str:
     if row is None:
         return ""
     req = result.request
+    cached = bool(req.prefix_hit_rate)  # the prediction assumed the prefix cache off without it
     model = f"MODEL_PATH  # {result.model.name}"
     header = (
         f"# {engine.value}: {result.model.name} on {req.gpus} x {result.gpu.name}, as predicted"
     )
     if row.get("mode") == "disaggregated":
-        servers = _disaggregated(row, engine, model, result.gpu.memory_gib, req.kv_fraction)
+        servers = _disaggregated(row, engine, model, result.gpu.memory_gib, req.kv_fraction, cached)
         return "\n".join([header, *servers])
     share = memory_share(row, result.gpu.memory_gib, req.kv_fraction)
     replicas = int(row["replicas"])
-    lines = [header, _command(engine, row, model, share, req.kv_fraction, replicas)]
+    lines = [header, _command(engine, row, model, share, req.kv_fraction, replicas, cached)]
     if replicas > 1 and engine is Engine.TRTLLM:
         lines.append(
             f"# run {replicas} such servers, one per {_gpus(row)} GPUs, behind a load balancer"
@@ -66,11 +67,18 @@ def _gpus(row: pd.Series) -> int:
 
 
 def _command(
-    engine: Engine, row: pd.Series, model: str, share: float, kv_fraction: float, replicas: int
+    engine: Engine,
+    row: pd.Series,
+    model: str,
+    share: float,
+    kv_fraction: float,
+    replicas: int,
+    prefix_cache: bool = False,
 ) -> str:
     """One server's command line. `share` is the memory share of vLLM and SGLang; TensorRT-LLM
     takes the K/V share of the free memory itself, `kv_fraction` (the request's, not the
-    row's: a disaggregated row has no column of its own for it)."""
+    row's: a disaggregated row has no column of its own for it). The prefix cache stays off,
+    as the prediction assumed, unless the request gave a prefix hit rate."""
     tp, pp, ep = int(row["tp"]), int(row["pp"]), int(row.get("ep", 1))
     seqs, tokens = int(row["max_num_seqs"]), int(row["max_num_batched_tokens"])
     weights, kv = str(row["precision"]), str(row["kv_precision"])
@@ -84,7 +92,7 @@ def _command(
             f"--max-num-seqs {seqs}",
             f"--max-num-batched-tokens {tokens}",
             "--enable-chunked-prefill",
-            "--no-enable-prefix-caching",
+            *([] if prefix_cache else ["--no-enable-prefix-caching"]),
             "--block-size 16",
             f"--gpu-memory-utilization {share}",
             *(["--kv-cache-dtype fp8"] if kv == "fp8" else []),
@@ -101,7 +109,7 @@ def _command(
             f"--chunked-prefill-size {tokens}",
             f"--max-prefill-tokens {tokens}",
             f"--mem-fraction-static {share}",
-            "--disable-radix-cache",
+            *([] if prefix_cache else ["--disable-radix-cache"]),
             *([f"--kv-cache-dtype {_SGLANG_KV[kv]}"] if kv in _SGLANG_KV else []),
         ]
         quant = _SGLANG_QUANT.get(weights)
@@ -130,7 +138,7 @@ def _command(
     if engine is Engine.TRTLLM:
         lines.append(
             "# extra.yaml: enable_chunked_prefill: true; kv_cache_config: {enable_block_reuse: "
-            f"false{', dtype: fp8' if kv == 'fp8' else ''}}}"
+            f"{'true' if prefix_cache else 'false'}{', dtype: fp8' if kv == 'fp8' else ''}}}"
         )
         if weights in ("fp8", "nvfp4"):
             lines.append(
@@ -140,7 +148,12 @@ def _command(
 
 
 def _disaggregated(
-    row: pd.Series, engine: Engine, model: str, capacity_gib: float, kv_fraction: float
+    row: pd.Series,
+    engine: Engine,
+    model: str,
+    capacity_gib: float,
+    kv_fraction: float,
+    prefix_cache: bool = False,
 ) -> list[str]:
     """The prefill and decode servers of a disaggregated deployment, each with the settings
     its pool was simulated with (its own layout, batch and token limits, K/V cache)."""
@@ -158,7 +171,7 @@ def _disaggregated(
     lines = []
     for role, r, count in roles:
         share = memory_share(r, capacity_gib, kv_fraction)
-        command = _command(engine, r, model, share, kv_fraction, 1)
+        command = _command(engine, r, model, share, kv_fraction, 1, prefix_cache)
         if engine is Engine.VLLM:
             command += (
                 " \\\n    --kv-transfer-config "
