@@ -474,6 +474,36 @@ def _attention_grid(
     return rows, meta
 
 
+def collective_grid(sel: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """A collective's measured times (us) on the full (gpus, bytes) grid of the sizes measured,
+    with the points filled and the points the envelope lowered: (gpus axis, bytes axis, grid,
+    filled, lowered). message_size counts bf16/half elements: bytes = 2 x message_size."""
+    pts = (
+        pd.DataFrame(
+            {
+                "gpus": sel.num_gpus,
+                "bytes": sel.message_size * 2,
+                "lus": np.log(sel.latency * 1e3),
+            }
+        )
+        .groupby(["gpus", "bytes"])
+        .lus.mean()
+    )
+    g_ax = np.sort(sel.num_gpus.unique())
+    b_ax = np.sort((sel.message_size * 2).unique())
+    axes = [g_ax.astype(float), b_ax.astype(float)]
+    idx = pd.MultiIndex.from_product([g_ax, b_ax], names=["gpus", "bytes"])
+    grid = np.exp(pts.reindex(idx).to_numpy()).reshape(len(g_ax), len(b_ax))
+    filled = fill_grid(grid, axes, [1, 0])
+    # In the latency-bound sizes the measurements scatter by up to tens of percent, some
+    # larger messages timing faster than smaller ones. A smaller buffer can always go as a
+    # larger one would, so each size takes the least time measured at it or any larger size:
+    # time then never falls with bytes (a search would otherwise favour padding).
+    envelope = np.minimum.accumulate(grid[:, ::-1], axis=1)[:, ::-1]
+    lowered = int((envelope < grid).sum())
+    return g_ax, b_ax, envelope, filled, lowered
+
+
 def nccl_table(data: Path) -> tuple[list[str], dict]:
     vdirs = versions(data / "comm" / "nccl", "nccl_perf.parquet")
     if not vdirs:
@@ -488,30 +518,7 @@ def nccl_table(data: Path) -> tuple[list[str], dict]:
         if not len(sel):
             continue
         total_read += len(sel)
-        pts = (
-            pd.DataFrame(
-                {
-                    "gpus": sel.num_gpus,
-                    "bytes": sel.message_size * 2,
-                    "lus": np.log(sel.latency * 1e3),
-                }
-            )
-            .groupby(["gpus", "bytes"])
-            .lus.mean()
-        )
-        g_ax = np.sort(sel.num_gpus.unique())
-        b_ax = np.sort((sel.message_size * 2).unique())
-        axes = [g_ax.astype(float), b_ax.astype(float)]
-        idx = pd.MultiIndex.from_product([g_ax, b_ax], names=["gpus", "bytes"])
-        grid = np.exp(pts.reindex(idx).to_numpy()).reshape(len(g_ax), len(b_ax))
-        filled = fill_grid(grid, axes, [1, 0])
-        # In the latency-bound sizes the measurements scatter by up to tens of percent, some
-        # larger messages timing faster than smaller ones. A smaller buffer can always go as a
-        # larger one would, so each size takes the least time measured at it or any larger
-        # size: time then never falls with bytes (a search would otherwise favour padding).
-        envelope = np.minimum.accumulate(grid[:, ::-1], axis=1)[:, ::-1]
-        lowered = int((envelope < grid).sum())
-        grid = envelope
+        g_ax, b_ax, grid, filled, lowered = collective_grid(sel)
         total_points += grid.size
         total_filled += filled
         total_lowered += lowered
@@ -610,25 +617,7 @@ def engine_allreduce_table(data: Path) -> tuple[list[str], dict]:
         if found is None:
             continue
         vdir, sel = found
-        pts = (
-            pd.DataFrame(
-                {
-                    "gpus": sel.num_gpus,
-                    "bytes": sel.message_size * 2,
-                    "lus": np.log(sel.latency * 1e3),
-                }
-            )
-            .groupby(["gpus", "bytes"])
-            .lus.mean()
-        )
-        g_ax = np.sort(sel.num_gpus.unique())
-        b_ax = np.sort((sel.message_size * 2).unique())
-        axes = [g_ax.astype(float), b_ax.astype(float)]
-        idx = pd.MultiIndex.from_product([g_ax, b_ax], names=["gpus", "bytes"])
-        grid = np.exp(pts.reindex(idx).to_numpy()).reshape(len(g_ax), len(b_ax))
-        filled = fill_grid(grid, axes, [1, 0])
-        envelope = np.minimum.accumulate(grid[:, ::-1], axis=1)[:, ::-1]
-        lowered = int((envelope < grid).sum())
+        g_ax, b_ax, envelope, filled, lowered = collective_grid(sel)
         gg, bb = np.meshgrid(g_ax, b_ax, indexing="ij")
         rows += [
             f"{key},{a},{b},{v}"

@@ -139,12 +139,29 @@ def phase_table(out: pd.DataFrame) -> pd.DataFrame:
     return ok[cols].reset_index(drop=True)
 
 
+def _left_out(
+    runs: pd.DataFrame,
+    mine: pd.Series,
+    others: pd.Series,
+    names: tuple[str, ...],
+    measured: pd.Series,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """The APE (%) of the `mine` rows predicted with `names` refitted on the `others` rows
+    alone (the rest of each row's constants its profile's), and the refitted values."""
+    from autoconfig.calibrate.serving_fit import fit, predict
+
+    constants, _ = fit(runs[others].reset_index(drop=True), {}, names)
+    shared = {n: constants[n] for n in names}
+    predicted = predict(runs[mine].reset_index(drop=True), shared)
+    return np.abs(predicted / measured[mine].to_numpy() - 1.0) * 100, shared
+
+
 def left_out_by_family(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
     """TensorRT-LLM's in-flight rows of each GPU family (chip) predicted by the constants that
     stay fitted (serving_fit.MEASURED_CONTINUOUS: memory share, host work per iteration and per
     sequence), refitted on the other families' fit rows alone, one set for them all; beside,
     the shipped per-chip fit on the same rows (`out`, from predictions)."""
-    from autoconfig.calibrate.serving_fit import MEASURED_CONTINUOUS, fit, predict
+    from autoconfig.calibrate.serving_fit import MEASURED_CONTINUOUS
 
     inflight = (runs["batching"] == "inflight") & (runs["framework"] == "tensorrt-llm")
     chip = runs["gpu"].map(lambda g: get_gpu(g).chip)
@@ -153,10 +170,7 @@ def left_out_by_family(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
     for family in sorted(chip[inflight].unique()):
         mine = inflight & (chip == family)
         others = inflight & (chip != family) & runs["fit_set"]
-        constants, _ = fit(runs[others].reset_index(drop=True), {}, MEASURED_CONTINUOUS)
-        shared = {n: constants[n] for n in MEASURED_CONTINUOUS}
-        predicted = predict(runs[mine].reset_index(drop=True), shared)
-        ape = np.abs(predicted / measured[mine].to_numpy() - 1.0) * 100
+        ape, shared = _left_out(runs, mine, others, MEASURED_CONTINUOUS, measured)
         shipped = out.loc[mine, "ape_output_tokens_per_s_per_gpu"].astype(float) * 100
         table.append(
             {
@@ -178,7 +192,7 @@ def static_left_out_by_model(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFr
     fitted for static batches (serving_fit.MEASURED_STATIC: memory share, work per step),
     refitted on the other models' fit rows alone; beside, the shipped fit on the same rows.
     End-to-end latency, median APE."""
-    from autoconfig.calibrate.serving_fit import MEASURED_STATIC, fit, predict
+    from autoconfig.calibrate.serving_fit import MEASURED_STATIC
 
     static = (runs["batching"] != "inflight") & (runs["framework"] == "fastertransformer")
     measured = pd.to_numeric(runs["measured_latency_ms"], errors="coerce")
@@ -188,10 +202,7 @@ def static_left_out_by_model(runs: pd.DataFrame, out: pd.DataFrame) -> pd.DataFr
         others = static & (runs["model"] != model) & runs["fit_set"]
         if not mine.any() or not others.any():
             continue
-        constants, _ = fit(runs[others].reset_index(drop=True), {}, MEASURED_STATIC)
-        shared = {n: constants[n] for n in MEASURED_STATIC}
-        predicted = predict(runs[mine].reset_index(drop=True), shared)
-        ape = np.abs(predicted / measured[mine].to_numpy() - 1.0) * 100
+        ape, shared = _left_out(runs, mine, others, MEASURED_STATIC, measured)
         shipped = out.loc[mine, "ape_latency_ms"].astype(float) * 100
         table.append(
             {
