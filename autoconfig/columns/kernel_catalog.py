@@ -18,7 +18,7 @@ from importlib.resources.abc import Traversable
 import numpy as np
 import pandas as pd
 
-from autoconfig.cost.kernel_tables import Grid, KernelTables, MoeShape
+from autoconfig.cost.kernel_tables import Grid, KernelTables, MoeShape, least_at_or_above
 
 
 def kernels_folder() -> Traversable:
@@ -57,10 +57,8 @@ def _grid(frame: pd.DataFrame, axes: list[str], value: str, where: str) -> Grid:
 
 
 def _monotone(grid: Grid) -> Grid:
-    """A time over tokens with each count's time the least measured at it or any larger count:
-    fewer tokens can always run as more would (the small counts scatter by tens of percent
-    with the kernel each picks), and a step must not get faster with one more sequence."""
-    return Grid(grid.axes, np.minimum.accumulate(grid.values[::-1])[::-1])
+    """A MoE layer's time over tokens, never falling as tokens grow (least_at_or_above)."""
+    return Grid(grid.axes, least_at_or_above(grid.values, axis=0))
 
 
 def _moe_shapes(folder: Traversable, chip: str) -> dict[tuple[str, bool], tuple[MoeShape, ...]]:

@@ -126,6 +126,13 @@ class KernelTables:
     engine_allreduce: dict[str, Grid] = field(default_factory=dict)
     # The fused MoE layer (routed experts): (dtype, gated) -> the measured model shapes.
     moe: dict[tuple[str, bool], tuple[MoeShape, ...]] = field(default_factory=dict)
+    # Derived once: the GEMM grids with time never falling as rows grow, what a serving step's
+    # few-row GEMMs are looked up in (monotone_in_rows).
+    serving_gemm: dict[str, Grid] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        monotone = {fmt: monotone_in_rows(grid) for fmt, grid in self.gemm.items()}
+        object.__setattr__(self, "serving_gemm", monotone)
 
 
 def _table(tables: dict[str, Grid], key: str, what: str, chip: str) -> Grid:
@@ -195,25 +202,21 @@ def engine_all_reduce_seconds(
     return np.where(gpus <= 1, 0.0, us * 1e-6)
 
 
-_MONOTONE: dict[int, Grid] = {}
+def least_at_or_above(times: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Each point's time the least measured at it or at any larger coordinate along `axis`: a
+    smaller problem can always run padded as a larger one would, so its time never exceeds
+    the larger one's. The tables' small sizes scatter with the kernel each picks; a search
+    must not find one more sequence (or token) making a step faster."""
+    return np.flip(np.minimum.accumulate(np.flip(times, axis), axis=axis), axis)
 
 
 def monotone_in_rows(grid: Grid) -> Grid:
-    """`grid` (a GEMM's TFLOP/s over m, n, k) with each point's time the least measured at that
-    m or any larger m of the same (n, k): a GEMM of m rows can always run padded as one of more
-    rows, so fewer rows never take longer. The tables' small-m times scatter with the kernel
-    each size picks; a serving step must not get faster with one more sequence. Interpolated
-    in log space between points whose time does not fall with m, the time does not fall
-    either. Cached per grid."""
-    cached = _MONOTONE.get(id(grid))
-    if cached is not None:
-        return cached
+    """`grid` (a GEMM's TFLOP/s over m, n, k) with each point's time the least at that m or
+    any larger m of the same (n, k) (least_at_or_above). Interpolated in log space between
+    points whose time does not fall with m, the time does not fall either."""
     rows = grid.axes[0].reshape(-1, *([1] * (grid.values.ndim - 1)))
     time = rows / grid.values  # in units of 2nk / 1e12: only its order along m matters
-    least = np.minimum.accumulate(time[::-1], axis=0)[::-1]
-    monotone = Grid(grid.axes, rows / least)
-    _MONOTONE[id(grid)] = monotone
-    return monotone
+    return Grid(grid.axes, rows / least_at_or_above(time, axis=0))
 
 
 # A model shape the MoE table did not measure is timed from the nearest measured one only

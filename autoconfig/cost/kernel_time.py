@@ -25,7 +25,6 @@ from autoconfig.cost.kernel_tables import (
     collective_seconds,
     engine_all_reduce_seconds,
     grid_lookup,
-    monotone_in_rows,
 )
 
 Col = np.ndarray
@@ -128,7 +127,7 @@ def gemm_efficiency(
         m_, n_, k_ = (np.maximum(np.asarray(c, float), 1.0) for c in mnk)
         over = TRAINING_OVER_TABLE["bf16" if fmt == "bf16" else "fp8"] if in_training else 1.0
         # A serving step's GEMMs run at a few rows, where the tables scatter by kernel choice.
-        grid = table.gemm[fmt] if in_training else monotone_in_rows(table.gemm[fmt])
+        grid = table.gemm[fmt] if in_training else table.serving_gemm[fmt]
         return grid_lookup(grid, m_, n_, k_) * over / peaks[fmt]
 
     return _per_chip(kernels, codes, gemm_bytes, (m, n, k), efficiency)

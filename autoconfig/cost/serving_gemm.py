@@ -52,7 +52,7 @@ def measured_seconds(
     weight_bytes: Col | float = 2.0,
 ) -> Col | None:
     """Seconds of one dense GEMM over `tokens` tokens on one rank, from the table (made
-    monotone in m: kernel_tables.monotone_in_rows), NaN where `rows` is false or the chip has
+    monotone in m: KernelTables.serving_gemm), NaN where `rows` is false or the chip has
     no table; None where no row has one. `weight_bytes` below the inputs' 16 bits makes it a
     weight-only GEMM (the module's docstring)."""
     if op.routed or not x.kernels or not np.any(rows):
