@@ -42,6 +42,7 @@ def layouts(n: int, seed: int = 0) -> pd.DataFrame:
             "recompute_layers": pick([1, 96]),
             "zero": pick([0, 1, 2, 3]),
             "optimizer_state": np.full(n, "fp32"),
+            "offload": np.full(n, "none"),
         }
     )
 

@@ -89,8 +89,10 @@ def test_the_layering_check_sees_an_import_that_runs_back_up(tmp_path: Path) -> 
 MODEL = "mixtral-8x7b"  # MoE, so expert parallelism means something
 BASE = {"dp": 2, "tp": 2, "pp": 2, "vp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False, "mbs": 1}
 BASE |= {"recompute": "none", "recompute_layers": 0, "zero": 0, "optimizer_state": "fp32"}
+BASE |= {"offload": "none"}
 OTHER = {"dp": 1, "tp": 4, "pp": 4, "vp": 2, "cp": 2, "ep": 2, "etp": 2, "sp": True, "mbs": 2}
 OTHER |= {"recompute": "selective", "recompute_layers": 4, "zero": 1, "optimizer_state": "bf16"}
+OTHER |= {"offload": "optimizer"}
 
 
 def test_every_dimension_has_a_varied_value() -> None:

@@ -218,6 +218,9 @@ GUESS_PEAK_TFLOPS = {
     "mi325x": 1307.4,
     "mi350x": 2306.9,
     "mi355x": 2516.6,
+    # GDDR PCIe parts, dense bf16 with fp32 accumulate (their GPU profiles cite the datasheets)
+    "rtx-4090": 165.2,
+    "rtx-a6000": 154.8,
 }
 
 
@@ -246,7 +249,7 @@ def constant_guess(runs: pd.DataFrame) -> pd.Series:
     flops = 6.0 * params + 12.0 * layers * h * seq
     gpu = runs["gpu"].astype(str).str.lower()
     family = gpu.str.extract(
-        r"^(gb300|gb200|b300|b200|h200|h100|a100|mi300x|mi325x|mi350x|mi355x)"
+        r"^(gb300|gb200|b300|b200|h200|h100|a100|mi300x|mi325x|mi350x|mi355x|rtx-4090|rtx-a6000)"
     )[0]
     precision = runs["precision"].astype(str).str.lower()
     peak = family.map(GUESS_PEAK_TFLOPS) * np.where(precision.isin(["fp8", "mxfp8"]), 1.5, 1.0)

@@ -22,7 +22,7 @@ from autoconfig.report import files, terminal
 from autoconfig.rows.resolve import auto_settings
 from autoconfig.spec import layout
 from autoconfig.spec.documents import doc_lengths as read_doc_lengths
-from autoconfig.spec.vocab import Framework, OptimizerState, Precision, Recompute
+from autoconfig.spec.vocab import Framework, Offload, OptimizerState, Precision, Recompute
 
 # The flags a batch estimate (--runs) takes; every other flag describes one layout.
 BATCH_FLAGS = ("runs", "out")
@@ -67,6 +67,7 @@ def estimate(
     optimizer_state: OptimizerState = typer.Option(
         OptimizerState.FP32.value, help=layout.BY_NAME["optimizer_state"].help
     ),
+    offload: Offload = typer.Option(Offload.NONE.value, help=layout.BY_NAME["offload"].help),
     precision: Precision = defaults.precision(),
     flash: bool = typer.Option(True, "--flash/--no-flash", help="flash attention"),
     framework: Framework = defaults.framework(),
@@ -148,6 +149,7 @@ def estimate(
         recompute_layers=recompute_layers,
         zero=zero,
         optimizer_state=optimizer_state.value,
+        offload=offload.value,
         precision=precision.value,
         flash_attention=flash,
         gpus_per_node=gpus_per_node,

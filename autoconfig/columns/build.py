@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from autoconfig.columns import kernel_index
+from autoconfig.cost import host
 from autoconfig.cost.inputs import CostInputs
 from autoconfig.spec import catalog, layout
 from autoconfig.spec.schema import ClusterSpec, GPUSpec, InferenceEfficiency, ModelSpec
@@ -59,6 +60,11 @@ class Behaviour:
     optim_bytes: Values = 12.0  # fp32 master weights + fp32 Adam moments
     # lighter Adam state keeps fp32 main parameters as 16-bit remainders (cost.optimizer)
     main_param_remainders: Values = 0.0
+    # CPU offload (cost.offload): bytes per parameter the host sends up, and how the host
+    # copies overlap (schema.OFFLOAD_OVERLAPS index: 0 none, 1 with the CPU step, 2 with the
+    # backward and forward)
+    offload_upload_bytes: Values = 2.0
+    offload_overlap: Values = 0.0
     sp_saves_gathered: Values = 0.0  # SP keeps the all-gathered block inputs (torch DTensor)
     cost_split: Values = 0.0  # pipeline blocks placed by the framework's compute-cost estimate
     balanced_split: Values = 0.0  # stages balanced by hand against the embedding and LM head
@@ -201,6 +207,15 @@ def hardware_columns(hw: Hardware) -> dict[str, float]:
         "intra_bytes_s": hw.cluster.intra_node_gb_s * 1e9,
         "inter_bytes_s": hw.cluster.inter_node_gb_s * 1e9,
         "gemm_bytes": GEMM_BYTES.get(precision, 2.0),
+        # the host side (cost.host): link and DRAM bytes/s per GPU, host memory per GPU (NaN
+        # where the cluster profile does not state it)
+        "host_link_bytes_s": host.host_link_gb_s(gpu.name, gpu.chip) * 1e9,
+        "host_dram_bytes_s": host.host_dram_gb_s(gpu.name, gpu.chip) * 1e9,
+        "host_memory_gib": (
+            hw.cluster.host_memory_gib / hw.cluster.gpus_per_node
+            if hw.cluster.host_memory_gib
+            else np.nan
+        ),
         "kernel_chip": float(kernel_index.table_code(gpu)),
     }
 

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from autoconfig.columns.build import Behaviour, reduce_bits
-from autoconfig.spec.schema import FrameworkSpec
+from autoconfig.spec.schema import OFFLOAD_OVERLAPS, FrameworkSpec
 from autoconfig.spec.task import PRETRAIN, TaskSpec
-from autoconfig.spec.vocab import OptimizerState, Recompute
+from autoconfig.spec.vocab import Offload, OptimizerState, Recompute
 
 
 def _isin(values: Any, allowed: list) -> np.ndarray:
@@ -40,6 +40,9 @@ def rules(fw: FrameworkSpec, c: Mapping[str, Any]) -> list[tuple[str, str, np.nd
     rlayers = np.asarray(c["recompute_layers"], float)
     state = np.asarray(c.get("optimizer_state", 0.0), float)
     states = [OptimizerState(s).code for s in fw.allows("optimizer_states")]
+    offload = np.asarray(c.get("offload", 0.0), float)
+    offloads = [Offload(s).code for s in fw.allows("offloads")]
+    optimizer_offload, params_offload = Offload.OPTIMIZER.code, Offload.PARAMS.code
     zeros, zeros_pp = fw.allows("zero"), fw.allows("zero_with_pp")
     modes = [Recompute(m).code for m in fw.allows("recompute")]
     with_tp = fw.allows("sequence_parallel")
@@ -52,6 +55,11 @@ def rules(fw: FrameworkSpec, c: Mapping[str, Any]) -> list[tuple[str, str, np.nd
         micro = gbs / (dp * mbs)
         return [
             ("zero", f"{name} runs ZeRO stages {_words(zeros)}", ~_isin(zero, zeros)),
+            (
+                "zero",
+                f"{name} shards every data-parallel run (ZeRO 0 on one GPU only)",
+                (zero == 0) & (dp * cp > 1) & lacks("replicated_data_parallel"),
+            ),
             (
                 "zero",
                 f"{name} combines pipeline parallelism only with ZeRO {_words(zeros_pp)}",
@@ -121,6 +129,27 @@ def rules(fw: FrameworkSpec, c: Mapping[str, Any]) -> list[tuple[str, str, np.nd
                 f"{_words(fw.allows('lighter_state_zero'))}",
                 (state > 0) & ~_isin(zero, fw.allows("lighter_state_zero")),
             ),
+            (
+                "offload",
+                f"{name} offloads {_words(fw.allows('offloads'))} to the CPU",
+                ~_isin(offload, offloads),
+            ),
+            (
+                "offload",
+                f"{name} offloads the optimizer only with ZeRO {_words(fw.allows('offload_zero'))}",
+                (offload == optimizer_offload) & ~_isin(zero, fw.allows("offload_zero")),
+            ),
+            (
+                "offload",
+                "offloading the parameters needs ZeRO 3 without pipeline parallelism (each "
+                "layer's shard copied up at its gather)",
+                (offload == params_offload) & ((zero != 3) | (pp > 1)),
+            ),
+            (
+                "offload",
+                "an offloaded optimizer runs the CPU's fp32 Adam: optimizer_state fp32 only",
+                (offload > 0) & (state > 0),
+            ),
         ]
 
 
@@ -175,6 +204,8 @@ def behaviour(
         pipeline_reduce_after_backward=reduce_bits(does.pipeline_grad_reduce_after_backward.value),
         fsdp_copies=float(does.fsdp_copies.value),
         main_param_remainders=1.0 if does.main_param_remainders.value else 0.0,
+        offload_upload_bytes=float(str(does.offload_upload_bytes.value)),
+        offload_overlap=float(OFFLOAD_OVERLAPS.index(str(does.offload_overlap.value))),
         **task.columns(),
     )
 

@@ -49,6 +49,10 @@ def evaluate(x: CostInputs) -> dict[str, Col]:
         "mem_transient_gib": mem.transient / GIB,
         "mem_overhead_gib": mem.overhead / GIB,
         "mem_capacity_gib": x.memory_gib,
+        # CPU offload (cost.offload): what the host holds for this GPU, and the host memory a
+        # GPU has (NaN where the cluster profile does not state it)
+        "mem_host_gib": mem.host / GIB,
+        "host_capacity_gib": x.host_memory_gib,
         # bytes one layer saves for backward per micro-batch (the trainer measures this)
         "act_bytes_per_layer": mem.activation_per_layer,
         "time_compute_s": time.compute,
@@ -60,6 +64,7 @@ def evaluate(x: CostInputs) -> dict[str, Col]:
         "time_bubble_s": time.bubble,
         "time_dp_comm_s": time.dp_comm,
         "time_optimizer_s": time.optimizer,
+        "time_offload_s": time.offload,
         # one layer's forward and backward over one micro-batch (the trainer's slice mode
         # measures these)
         "layer_forward_s": time.layer_fwd,

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autoconfig.cost import host
 from autoconfig.cost.kernel_time import NO_KERNELS, KernelSet
 from autoconfig.spec.vocab import Mlp, Recompute
 
@@ -89,6 +90,11 @@ class CostInputs:
     intra_bytes_s: Col
     inter_bytes_s: Col
     gemm_bytes: Col  # bytes per GEMM operand element at the run's precision
+    # the host side (cost.host): bytes/s per GPU, one direction, of the host link and of the
+    # host DRAM share; host memory per GPU in GiB (NaN: not stated)
+    host_link_bytes_s: Col
+    host_dram_bytes_s: Col
+    host_memory_gib: Col
     # layout
     dp: Col
     tp: Col
@@ -105,6 +111,7 @@ class CostInputs:
     recompute_layers: Col  # layers per stage fully recomputed (full recompute only)
     zero: Col
     optimizer_state: Col  # vocab.OptimizerState code: the Adam state's precision
+    offload: Col  # vocab.Offload code: what stays in host memory (cost.offload)
     # what the framework does (columns.Behaviour, from its profile)
     flash: Col
     overlap_grad_reduce: Col
@@ -120,6 +127,10 @@ class CostInputs:
     # 1 where lighter Adam state keeps fp32 main parameters as 16-bit remainders of the bf16
     # working copy (cost.optimizer)
     main_param_remainders: Col
+    # CPU offload (cost.offload): bytes a parameter the host sends up, and the overlap of the
+    # host copies (schema.OFFLOAD_OVERLAPS index)
+    offload_upload_bytes: Col
+    offload_overlap: Col
     # 1 where SP's all-gathered block inputs are saved for backward (torch DTensor, the
     # bundled trainer); 0 where only the shard is and backward re-gathers (Megatron-LM).
     sp_saves_gathered: Col
@@ -233,6 +244,12 @@ OPTIONAL_COLUMNS = {
     "optim_bytes": 12.0,
     "main_param_remainders": 0.0,
     "optimizer_state": 0.0,
+    "offload": 0.0,
+    "offload_upload_bytes": 2.0,
+    "offload_overlap": 0.0,
+    "host_link_bytes_s": host.DEFAULT_HOST_LINK_GB_S * 1e9,
+    "host_dram_bytes_s": host.DEFAULT_HOST_DRAM_GB_S * host.HOST_DRAM_EFFICIENCY * 1e9,
+    "host_memory_gib": np.nan,
     "sp_saves_gathered": 0.0,
     "cost_split": 0.0,
     "balanced_split": 0.0,

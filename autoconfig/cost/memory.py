@@ -7,6 +7,8 @@ Sources:
   (Rajbhandari et al. 2020, "ZeRO", Sec. 5).
 - Lighter Adam state (bf16 or fp8 moments, fp32 main parameters as 16-bit remainders):
   cost.optimizer.
+- CPU offload: the optimizer (and with parameter offload the sharded weights and gradients)
+  leave the GPU for host memory, reported apart as `host` (cost.offload).
 - Activations per layer from the op list (layer.py, Korthikanti et al. 2022).
 - LoRA and QLoRA (cost.finetune): frozen base weights keep only their working copy (NF4 under
   QLoRA), the adapters train with full state (`task_state_bytes`).
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost import finetune, optimizer
+from autoconfig.cost import finetune, offload, optimizer
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
@@ -195,6 +197,7 @@ class Memory:
     transient: Col  # recompute working set, ZeRO-3 gathered layers
     overhead: Col  # fragmentation, workspaces, CUDA context
     activation_per_layer: Col  # mean bytes a stage's layer saves per micro-batch (trainer check)
+    host: Col = ZERO  # bytes CPU offload keeps in host memory for this GPU (not in `total`)
 
     @property
     def total(self) -> Col:
@@ -268,6 +271,8 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
 
     first_flight, last_flight = in_flight(x, 0.0), in_flight(x, last_stage_rank(x))
     parts = []
+    hosts = []
+    offloading = offload.any_offload(x)
     single = x.pp == 1
     for dense, experts, flight, buffers, act, working, linear, adapters in (
         (
@@ -298,11 +303,15 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
             w, g, o = state_bytes(x, dense, shard)
             ew, eg, eo = state_bytes(x, experts, p.expert_shards)
         buffers = np.where(single, emb + head + mtp_act, buffers)
+        w, g, o = w + ew, g + eg, o + eo
+        if offloading:
+            w, g, o, on_host = offload.gpu_and_host(x, w, g, o)
+            hosts.append(on_host)
         parts.append(
             (
-                w + ew,
-                g + eg,
-                o + eo,
+                w,
+                g,
+                o,
                 act,
                 act * (flight - 1.0),
                 buffers,
@@ -314,4 +323,17 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     chosen = np.where(use_last, last, first)
     subtotal = chosen.sum(axis=0)
     overhead = x.mem_overhead * subtotal + x.mem_reserved_gib * GIB
-    return Memory(*chosen, overhead=overhead, activation_per_layer=stage_act / per_stage)
+    host = np.where(use_last, hosts[1], hosts[0]) if offloading else ZERO
+    w, g, o, act, in_flight_mem, logits, transient = chosen
+    return Memory(
+        w,
+        g,
+        o,
+        act,
+        in_flight_mem,
+        logits,
+        transient,
+        overhead=overhead,
+        activation_per_layer=stage_act / per_stage,
+        host=host,
+    )

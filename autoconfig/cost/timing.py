@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoconfig.cost import comm, finetune, kernel_time
+from autoconfig.cost import comm, finetune, kernel_time, offload
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
@@ -275,6 +275,7 @@ class StepTime:
     bubble: Col
     dp_comm: Col
     optimizer: Col
+    offload: Col  # CPU offload: host-link copies and the CPU's Adam step not hidden (cost.offload)
     layer_fwd: Col  # one layer, one micro-batch (for slice-mode checks)
     layer_bwd: Col
 
@@ -290,6 +291,7 @@ class StepTime:
             + self.bubble
             + self.dp_comm
             + self.optimizer
+            + self.offload
         )
 
 
@@ -420,6 +422,9 @@ def step_time(
 
     dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
     optimizer = optimizer + x.step_overhead_s
+    offload_s = (
+        _offload(x, params, m, stage_fwd, per_stage * b_layer) if offload.any_offload(x) else ZERO
+    )
     return StepTime(
         compute=m * pure_compute + grad_passes + _fsdp_copies(x, params, m),
         launch=m * launch_per_mb,
@@ -430,6 +435,7 @@ def step_time(
         bubble=bubble,
         dp_comm=dp_comm,
         optimizer=optimizer,
+        offload=offload_s,
         layer_fwd=f_layer,
         layer_bwd=b_layer,
     )
@@ -656,4 +662,21 @@ def _data_parallel(
     shard = np.where(x.zero >= 1, size, 1.0)
     expert_shard = np.where(x.zero >= 1, expert_size, 1.0)
     optimizer = traffic * (dense / shard + expert / expert_shard) / (x.hbm_bytes_s * x.eff_memory)
+    # an offloaded optimizer steps on the CPU instead (cost.offload, StepTime.offload)
+    optimizer = np.where(x.offload > 0, 0.0, optimizer)
     return dp_comm, optimizer
+
+
+def _offload(x: CostInputs, p: StageParams, m: Col, forward: Col, backward: Col) -> Col:
+    """Seconds per step of CPU offload (cost.offload) for the busiest rank: its optimizer shard
+    (what trains, sharded as ZeRO shards the optimizer) and its weight shard (every weight, as
+    ZeRO-3 shards them), one micro-batch's stage `forward` and `backward` to hide behind."""
+    dense, expert = trained_params(x, p)
+    size, expert_size = x.dp * x.cp, p.expert_shards
+    shard = np.where(x.zero >= 1, size, 1.0)
+    expert_shard = np.where(x.zero >= 1, expert_size, 1.0)
+    optimizer_params = dense / shard + expert / expert_shard
+    weight_params = p.busiest_dense / size + p.busiest_expert / expert_size
+    if finetune.any_frozen(x):
+        weight_params = weight_params + p.busiest_adapter / size
+    return offload.step_seconds(x, optimizer_params, weight_params, m, forward, backward)

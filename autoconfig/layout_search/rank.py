@@ -81,6 +81,7 @@ TIME_PARTS = {
     "time_bubble_s": "pipeline bubble",
     "time_dp_comm_s": "exposed DP communication",
     "time_optimizer_s": "optimizer step",
+    "time_offload_s": "CPU offload (host link, CPU Adam)",
 }
 
 
@@ -155,6 +156,18 @@ def rank(
         + pd.Series(capacity, index=out.index).round(1).astype(str)
         + " GiB",
     )
+    # CPU offload fills host memory: checked where the cluster profile states it (NaN: never)
+    if "mem_host_gib" in out:
+        host = out["mem_host_gib"].astype(float)
+        host_limit = out["host_capacity_gib"].astype(float)
+        prune(
+            host > host_limit,
+            "host memory: "
+            + host.round(1).astype(str)
+            + " > "
+            + host_limit.round(1).astype(str)
+            + " GiB per GPU offloaded",
+        )
     out["pruned"] = pruned
     per_node = np.broadcast_to(np.asarray(inputs.gpus_per_node, float), (len(out),))
     out = with_spread(out, per_node)

@@ -30,7 +30,7 @@ from autoconfig.spec.task import (
     check_model,
     task_spec,
 )
-from autoconfig.spec.vocab import OptimizerState, Precision, Task
+from autoconfig.spec.vocab import Offload, OptimizerState, Precision, Task
 
 
 def make_request(
@@ -102,6 +102,7 @@ def make_request(
             raise UserError(f"fix: unknown dimension '{key}' (allowed: {allowed})")
         fixed[key] = layout.BY_NAME[key].parse(value, "fix: ")
     check_state(fw, fixed.get("optimizer_state"))
+    check_offload(fw, fixed.get("offload"))
     if max_tp is not None and min(space_spec.tp) > max_tp:
         raise UserError(f"max-tp: {max_tp} is below every tp in the space {space_spec.tp}")
     if "tp" in fixed and max_tp is not None and int(fixed["tp"]) > max_tp:
@@ -135,6 +136,28 @@ def check_state(fw: FrameworkSpec, state: object) -> None:
         )
 
 
+def check_offload(fw: FrameworkSpec, mode: object) -> None:
+    """A fixed offload the framework cannot run is one UserError line naming both."""
+    if mode is not None and str(mode) not in fw.allows("offloads"):
+        runs = ", ".join(fw.allows("offloads"))
+        raise UserError(f"offload: {fw.name} cannot offload {mode} to the CPU (it runs {runs})")
+
+
+def _runs(req: SearchRequest, table: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """Which layouts of `table` the framework runs (every one of its rules), and the first
+    reason it refuses one ('' when it runs them all)."""
+    c = {**layout.columns(table), "layers": float(req.model.layers), "gbs": float(req.gbs)}
+    ok = np.ones(len(table), bool)
+    first = ""
+    with np.errstate(all="ignore"):
+        for name, rule, bad in frameworks.rules(req.framework, c):
+            bad = np.broadcast_to(np.asarray(bad, bool), ok.shape)
+            if not first and np.any(bad & ok):
+                first = f"{name}: {rule}"
+            ok &= ~bad
+    return ok, first
+
+
 def evaluate_all(req: SearchRequest) -> SearchResult:
     """Enumerate, evaluate and rank; raises UserError when no layout uses the GPUs."""
     cands = enumerate_candidates(
@@ -153,6 +176,14 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
     if fixed_state is not None:
         # a fixed state is every layout's state, not a filter on the derived ones
         table = table.assign(optimizer_state=OptimizerState(fixed_state).value)
+    fixed_offload = req.constraints.fixed.get("offload")
+    if fixed_offload is not None and Offload(fixed_offload) is not Offload.NONE:
+        # a fixed offload is every layout's, where the framework runs it with that layout
+        table = table.assign(offload=Offload(fixed_offload).value)
+        ok, why = _runs(req, table)
+        if not ok.any():
+            raise UserError(why)
+        table = table[ok].reset_index(drop=True)
     hardware = Hardware(req.gpu, req.cluster, req.precision)
     does = frameworks.behaviour(req.framework, req.precision, float(req.flash_attention), req.task)
     inputs = training_inputs(req.model, hardware, table, req.gbs, req.seq_len, does)
@@ -160,6 +191,8 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
         preds = {k: np.array(v) for k, v in evaluate(inputs).items()}
         if fixed_state is None:
             lighter_state(req, table, preds, hardware, does)
+        if fixed_offload is None and fixed_state in (None, OptimizerState.FP32):
+            offloaded(req, table, preds, hardware, does)
         # rank reads only the cluster's GPUs per node from `inputs`; the predictions carry
         # each layout's optimizer state
         table = rank(table, inputs, req.constraints, preds)
@@ -220,6 +253,56 @@ def lighter_state(
         column[rows] = state.value
         todo = todo[~fits]
     table["optimizer_state"] = column
+
+
+def offloaded(
+    req: SearchRequest,
+    table: pd.DataFrame,
+    preds: dict[str, np.ndarray],
+    hardware: Hardware,
+    does: Behaviour,
+) -> None:
+    """Gives each layout that fits neither with fp32 nor with a lighter Adam state the first
+    CPU offload its framework runs that fits (the optimizer, then the optimizer with the
+    sharded weights and gradients: cost.offload), in place in `table` and `preds`.
+
+    Offload is the last resort: it keeps the numerics but pays the host link and a CPU Adam
+    step at a fraction of HBM's bandwidth, so a layout that fits on the GPU never takes it, and
+    lighter state (faster, not slower) is tried first. A layout that takes it is ranked by its
+    own predicted time beside the rest. Only layouts short of memory whose GPU peak without
+    the movable state (and the overhead charged on it) would fit are evaluated again."""
+    modes = [
+        m for m in Offload if m is not Offload.NONE and m.value in req.framework.allows("offloads")
+    ]
+    if not modes:
+        return
+    limit = memory_limit_gib(preds["mem_capacity_gib"], req.constraints)
+    peak, over = preds["pred_peak_mem_gib"], preds["mem_overhead_gib"]
+    share = over / np.maximum(peak - over, 1e-9)
+    movable = preds["mem_optimizer_gib"]
+    if Offload.PARAMS in modes:
+        movable = movable + preds["mem_weights_gib"] + preds["mem_gradients_gib"]
+    fp32 = (table["optimizer_state"] == OptimizerState.FP32.value).to_numpy()
+    todo = np.flatnonzero((peak > limit) & (peak - movable * (1.0 + share) <= limit) & fp32)
+    column = table["offload"].to_numpy(dtype=object, copy=True)
+    for mode in modes:
+        if not len(todo):
+            break
+        subset = table.iloc[todo].assign(offload=mode.value)
+        runs, _ = _runs(req, subset)
+        tried = todo[runs]
+        if not len(tried):
+            continue
+        x = training_inputs(req.model, hardware, subset[runs], req.gbs, req.seq_len, does)
+        got = evaluate(x)
+        host_room = got["host_capacity_gib"]
+        fits = (got["pred_peak_mem_gib"] <= limit[tried]) & ~(got["mem_host_gib"] > host_room)
+        rows = tried[fits]
+        for key, values in got.items():
+            preds[key][rows] = values[fits]
+        column[rows] = mode.value
+        todo = np.setdiff1d(todo, rows)
+    table["offload"] = column
 
 
 def run(req: SearchRequest) -> SearchResult:

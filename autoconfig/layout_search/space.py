@@ -19,7 +19,7 @@ from autoconfig.cost.inputs import busiest_rank_layers, interleaves_by_counting_
 from autoconfig.spec import layout
 from autoconfig.spec.catalog import read_yaml
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec, SearchSpace
-from autoconfig.spec.vocab import OptimizerState, Recompute
+from autoconfig.spec.vocab import Offload, OptimizerState, Recompute
 
 STRUCTURE = tuple(d for d in layout.SEARCHED if d.structural)
 SETTINGS = tuple(d for d in layout.SEARCHED if not d.structural)
@@ -186,8 +186,8 @@ def enumerate_candidates(
             [(f"{n}: {r}", bad) for n, r, bad in frameworks.rules(framework, c)], 1.0, left_out
         )
         keep &= can
-    # a dimension the search derives later (optimizer_state: layout_search.run) starts at its
-    # default
+    # a dimension the search derives later (optimizer_state, offload: layout_search.run) starts
+    # at its default
     size = len(keep)
     cols |= {n: np.full(size, v) for n, v in defaults.items() if n not in cols}
     table = pd.DataFrame({d.name: _typed(d, cols[d.name][keep]) for d in layout.DIMENSIONS})
@@ -256,7 +256,7 @@ def _typed(d: layout.Dimension, values: np.ndarray) -> np.ndarray:
     """A dimension's column in its plain type: ints, bools, or the choice's value."""
     if d.type is bool:
         return values > 0
-    if d.type in (Recompute, OptimizerState):
+    if d.type in (Recompute, OptimizerState, Offload):
         names = np.empty(len(d.type), dtype=object)
         for r in d.type:
             names[r.code] = r.value

@@ -56,6 +56,13 @@ RUN_FLAGS: dict[Framework, tuple[str, ...]] = {
         "max_seq_len: {seq_len}",
         "precision: {composer_precision}",
     ),
+    # torchtune 0.6.1 recipe configs: batch_size is per device, accumulation makes up the rest
+    Framework.TORCHTUNE: (
+        "batch_size={mbs}",
+        "gradient_accumulation_steps={accumulation}",
+        "tokenizer.max_seq_len={seq_len}",
+        "dtype=bf16",
+    ),
 }
 HEADER = {
     Framework.NEMO: "# NeMo 2.0: apply to the pretrain recipe of your model "
@@ -226,6 +233,8 @@ def export(
         return _yaml(settings)
     if framework is Framework.DEEPSPEED:
         return "\n".join([*task_comments(framework, task), " \\\n  ".join(settings)])
+    if framework is Framework.TORCHTUNE:
+        return torchtune_command(row, task, settings)
     return " \\\n  ".join(settings)
 
 
@@ -346,6 +355,33 @@ def torchtune_recipe(task: TaskSpec) -> str:
         f"model.lora_attn_modules={_names('torchtune', task)} "
         f"model.apply_lora_to_mlp={mlp}"
     )
+
+
+def torchtune_command(row: Mapping[str, Any], task: TaskSpec, settings: list[str]) -> str:
+    """`tune run` with the recipe the task and GPU count need (torchtune 0.6.1: the
+    single-device recipes on one GPU, else the FSDP2 distributed ones; QLoRA is the LoRA recipe
+    with a qlora_* model builder) and the layout's overrides."""
+    gpus = int(layout.plain(row)["dp"])
+    if gpus > 1 and int(layout.plain(row)["zero"]) == 0:
+        raise UserError(
+            "emit: torchtune shards every multi-GPU run with FSDP2 (zero 2 or 3); zero 0 runs "
+            "on one GPU only"
+        )
+    kind = "lora" if task.adapters else "full_finetune"
+    where = "single_device" if gpus == 1 else "distributed"
+    recipe = f"{kind}_finetune_{where}" if task.adapters else f"{kind}_{where}"
+    builder = {Task.QLORA: "qlora", Task.LORA: "lora"}.get(task.task, "full")
+    config = f"<model>_{builder}" + ("_single_device" if gpus == 1 else "")
+    launch = f"tune run --nproc_per_node {gpus} {recipe}" if gpus > 1 else f"tune run {recipe}"
+    overrides = list(settings)
+    if task.adapters:
+        overrides += [
+            f"model.lora_rank={task.lora_rank}",
+            f"model.lora_alpha={2 * task.lora_rank}",
+            f'model.lora_attn_modules="{_names("torchtune", task)}"',
+            f"model.apply_lora_to_mlp={task.lora_targets is LoraTargets.ALL}",
+        ]
+    return " \\\n  ".join([f"{launch} --config {config}", *overrides])
 
 
 def _toml(settings: list[str]) -> str:

@@ -46,6 +46,7 @@ TIME_PARTS = (
     ("pipeline bubble", "time_bubble_s"),
     ("DP communication (exposed)", "time_dp_comm_s"),
     ("optimizer + step overhead", "time_optimizer_s"),
+    ("CPU offload (host link, CPU Adam)", "time_offload_s"),
 )
 
 
@@ -163,6 +164,12 @@ def estimate_view(row: pd.Series) -> Group:
         mem.add_row(label, f"{value:,.2f}", f"{100 * value / total:.0f}%" if total else "")
     verdict = "[green]fits[/green]" if bool(row["pred_fits"]) else "[red]does not fit[/red]"
     mem.add_row("[bold]peak[/bold]", f"[bold]{total:,.2f}[/bold]", f"of {cap:.1f} GiB: {verdict}")
+    host = float(row.get("mem_host_gib", 0.0))
+    if host > 0:
+        # CPU offload: beside the GPU's peak, against the host memory a GPU has where known
+        room = float(row.get("host_capacity_gib", float("nan")))
+        known = f"of {room:.0f} GiB per GPU" if room == room else "host memory not in the profile"
+        mem.add_row(f"host memory (offload {row.get('offload', '')})", f"{host:,.2f}", known)
 
     step = float(row["pred_step_time_s"])
     tim = Table(title="Step time (s)", title_justify="left")

@@ -26,34 +26,21 @@ Switching (colocated only), twice a step (generate -> train -> generate):
   host link;
 - the engine sleeps and wakes (vLLM's sleep mode: the K/V cache is freed and re-allocated, the
   weights dropped and refilled by the sync above): ENGINE_WAKE_S, an assumption.
-Host links (per GPU, one direction, what pinned copies reach): HOST_LINK_GB_S.
+Host links (per GPU, one direction, what pinned copies reach): cost.host, the figures shared
+with CPU offloading (cost.offload).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoconfig.cost import host
 from autoconfig.rl.job import Job, Placement, Plan
 from autoconfig.spec.vocab import GIB
 
 SYNC_BYTES_PER_PARAM = 2.0  # bf16
 SYNC_FIXED_S = 1.0  # assumption: engine-side load and bookkeeping per sync (0.5-5 s)
 ENGINE_WAKE_S = 2.0  # assumption: vLLM wake-up, K/V cache re-allocation (0.5-5 s)
-
-# GB/s per GPU, one direction, reached by pinned host copies (assumptions read from
-# datasheets): PCIe Gen5 x16 is 64 GB/s (H100, H200, B200 HGX boards), Gen4 x16 32 GB/s
-# (A100); Grace's NVLink-C2C is 900 GB/s both ways (GB200, GB300: 450 one way). Copies reach
-# about 80% of the link.
-HOST_LINK_GB_S = {
-    "a100": 25.0,
-    "h100": 50.0,
-    "b200": 50.0,
-    "b300": 50.0,
-    "cdna3": 50.0,
-    "cdna4": 50.0,
-}
-GRACE_HOST_LINK_GB_S = 360.0
-DEFAULT_HOST_LINK_GB_S = 25.0  # an unlisted chip: PCIe Gen4's
 
 
 @dataclass(frozen=True)
@@ -79,9 +66,7 @@ class Sync:
 
 def host_link_gb_s(job: Job) -> float:
     """Host-to-GPU bandwidth of the job's GPU (GB/s, one direction)."""
-    if job.gpu.name.startswith(("gb200", "gb300")):
-        return GRACE_HOST_LINK_GB_S
-    return HOST_LINK_GB_S.get(job.gpu.chip, DEFAULT_HOST_LINK_GB_S)
+    return host.host_link_gb_s(job.gpu.name, job.gpu.chip)
 
 
 def _bandwidth_gb_s(job: Job, ranks: int) -> tuple[float, str]:

@@ -81,6 +81,7 @@ def _frame(model: ModelSpec, layouts: list[TrainLayout], gpus: int) -> pd.DataFr
                     "recompute_layers": held if recompute == "full" else 0,
                     "zero": 1,
                     "optimizer_state": "fp32",  # the framework's default Adam state
+                    "offload": "none",  # nothing kept in host memory
                 }
             )
     return layout.frame_of(rows)

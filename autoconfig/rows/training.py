@@ -37,6 +37,7 @@ from autoconfig.spec.vocab import (
     Framework,
     Mlp,
     Norm,
+    Offload,
     OptimizerState,
     Position,
     Precision,
@@ -555,6 +556,9 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     state = text_column(df, "optimizer_state").replace({"": "fp32", "unknown": "fp32"})
     allowed = OptimizerState.allowed()
     err.add(~state.isin(OptimizerState.values()), f"optimizer_state: must be {allowed}")
+    # CPU offload: a row that does not state it ran without (published runs state it in notes)
+    offload = text_column(df, "offload").replace({"": "none", "unknown": "none"})
+    err.add(~offload.isin(Offload.values()), f"offload: must be {Offload.allowed()}")
     per_stage = pd.Series(busiest_rank_layers(num["layers"], pp, vp), index=num.index)
     full = recompute == Recompute.FULL.value
     recompute_layers = num["recompute_layers"].fillna(per_stage.where(full, 0))
@@ -585,6 +589,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
             "recompute_layers": recompute_layers,
             "zero": zero,
             "optimizer_state": state,
+            "offload": offload,
         },
         index=df.index,
     )
@@ -601,6 +606,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
         **layouts,
         "recompute": recompute.map({r.value: r.code for r in Recompute}),
         "optimizer_state": state.map({s.value: s.code for s in OptimizerState}).fillna(0.0),
+        "offload": offload.map({o.value: o.code for o in Offload}).fillna(0.0),
     }
     for name, rule, bad in layout.rules({**codes, **shape}):
         err.add(bad, f"{name}: {rule}")
@@ -655,7 +661,8 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
 
 
 def _dtype(d: layout.Dimension) -> type:
-    return bool if d.type is bool else (object if d.type in (Recompute, OptimizerState) else int)
+    choices = (Recompute, OptimizerState, Offload)
+    return bool if d.type is bool else (object if d.type in choices else int)
 
 
 def with_predictions(rows: pd.DataFrame, preds: dict, errors: pd.Series) -> pd.DataFrame:

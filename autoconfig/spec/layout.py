@@ -18,10 +18,19 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from autoconfig.base import checks
 from autoconfig.base.errors import UserError
-from autoconfig.spec.vocab import Choice, Framework, OptimizerState, Recompute, ZeroStage, boolean
+from autoconfig.spec.vocab import (
+    Choice,
+    Framework,
+    Offload,
+    OptimizerState,
+    Recompute,
+    ZeroStage,
+    boolean,
+)
 
 MEGATRON, NEMO, TORCHTITAN = Framework.MEGATRON, Framework.NEMO, Framework.TORCHTITAN
 DEEPSPEED, NANOTRON, COMPOSER = Framework.DEEPSPEED, Framework.NANOTRON, Framework.COMPOSER
+TORCHTUNE = Framework.TORCHTUNE
 ANY = "*"
 
 FlagSpec = str | tuple[str, ...] | Mapping[object, "str | tuple[str, ...]"]
@@ -83,7 +92,7 @@ class Dimension:
 
     def code(self, values: pd.Series | np.ndarray | Any) -> np.ndarray:
         """The cost model's numeric column for this dimension."""
-        if self.type in (Recompute, OptimizerState):
+        if self.type in (Recompute, OptimizerState, Offload):
             codes = {m.value: float(m.code) for m in self.type}
             return np.asarray(pd.Series(values, dtype=object).astype(str).map(codes), float)
         return np.asarray(values, dtype=float)
@@ -98,6 +107,27 @@ class Dimension:
 # OptimizerConfig as recipe.optim.config; torchtitan 0.3.0 [optimizer] implementation.
 _PRECISION_AWARE = ("--use-precision-aware-optimizer", "--main-params-dtype fp32")
 _NEMO_OPTIM = "recipe.optim.config."
+# CPU offload (vocab.Offload, physics in cost.offload). Not crossed with the other dimensions
+# either: the search gives a layout offload only where nothing lighter fits (layout_search.run).
+# Megatron-Core 0.16.1 OptimizerConfig: optimizer_cpu_offload, optimizer_offload_fraction,
+# overlap_cpu_optimizer_d2h_h2d (HybridDeviceOptimizer); the offload rides on the precision-
+# aware optimizer's code path, which megatron/training/arguments.py asks for with it.
+# DeepSpeed 0.19.8 runtime/zero/offload_config.py: zero_optimization.offload_optimizer (ZeRO
+# 1-3) and offload_param (ZeRO 3 only), device cpu, pin_memory. torchtitan 0.3.0
+# config/configs.py: [training] enable_cpu_offload (FSDP2 CPUOffloadPolicy: parameters,
+# gradients and optimizer state).
+_MEGATRON_OFFLOAD = (
+    "--use-precision-aware-optimizer",
+    "--optimizer-cpu-offload",
+    "--optimizer-offload-fraction 1.0",
+    "--overlap-cpu-optimizer-d2h-h2d",
+)
+_DS_OFFLOAD_OPTIMIZER = (
+    'ds_config: zero_optimization.offload_optimizer = {{"device": "cpu", "pin_memory": true}}'
+)
+_DS_OFFLOAD_PARAM = (
+    'ds_config: zero_optimization.offload_param = {{"device": "cpu", "pin_memory": true}}'
+)
 # Framework settings per dimension. Megatron-LM and Megatron-DeepSpeed take command-line flags,
 # NeMo 2 recipe attributes, torchtitan TOML ("[section] key = value"), nanotron and Composer YAML
 # ("section.key: value"). Sources: the frameworks' argument parsers and config classes
@@ -118,6 +148,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: "",
             NANOTRON: "parallelism.dp: {dp}",
             COMPOSER: "",
+            TORCHTUNE: "",
         },
     ),
     Dimension(
@@ -136,6 +167,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: "--tensor-model-parallel-size {tp}",
             NANOTRON: "parallelism.tp: {tp}",
             COMPOSER: {1: "", ANY: "parallelism_config.tp.tensor_parallel_degree: {tp}"},
+            TORCHTUNE: {1: ""},
         },
     ),
     Dimension(
@@ -174,6 +206,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: "--pipeline-model-parallel-size {pp}",
             NANOTRON: ("parallelism.pp: {pp}", "parallelism.pp_engine: 1f1b"),
             COMPOSER: {1: ""},
+            TORCHTUNE: {1: ""},
         },
     ),
     Dimension(
@@ -199,6 +232,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: {1: ""},
             NANOTRON: {1: ""},
             COMPOSER: {1: ""},
+            TORCHTUNE: {1: ""},
         },
     ),
     Dimension(
@@ -216,6 +250,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: {1: ""},
             NANOTRON: {1: ""},
             COMPOSER: {1: ""},
+            TORCHTUNE: {1: ""},
         },
     ),
     Dimension(
@@ -233,6 +268,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: {1: "", ANY: "--moe-expert-parallel-size {ep}"},
             NANOTRON: {1: "", ANY: "parallelism.expert_parallel_size: {ep}"},
             COMPOSER: {1: ""},
+            TORCHTUNE: {1: ""},
         },
     ),
     Dimension(
@@ -251,6 +287,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: {1: ""},
             NANOTRON: {1: ""},
             COMPOSER: {1: ""},
+            TORCHTUNE: {1: ""},
         },
     ),
     Dimension(
@@ -277,6 +314,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 False: "parallelism.tp_mode: ALL_REDUCE",
             },
             COMPOSER: {False: ""},
+            TORCHTUNE: {False: ""},
         },
     ),
     Dimension(
@@ -292,6 +330,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: "--micro-batch-size {mbs}",
             NANOTRON: "tokens.micro_batch_size: {mbs}",
             COMPOSER: "device_train_microbatch_size: {mbs}",
+            TORCHTUNE: "",
         },
     ),
     Dimension(
@@ -340,6 +379,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 "none": "parallelism_config.fsdp.activation_checkpointing: false",
                 "full": "parallelism_config.fsdp.activation_checkpointing: true",
             },
+            TORCHTUNE: {
+                "none": "enable_activation_checkpointing=False",
+                "full": "enable_activation_checkpointing=True",
+            },
         },
     ),
     Dimension(
@@ -350,7 +393,15 @@ DIMENSIONS: tuple[Dimension, ...] = (
         minimum=0,
         key="rl{}",
         # written with recompute
-        flags={MEGATRON: "", NEMO: "", TORCHTITAN: "", DEEPSPEED: "", NANOTRON: "", COMPOSER: ""},
+        flags={
+            MEGATRON: "",
+            NEMO: "",
+            TORCHTITAN: "",
+            DEEPSPEED: "",
+            NANOTRON: "",
+            COMPOSER: "",
+            TORCHTUNE: "",
+        },
     ),
     Dimension(
         "zero",
@@ -394,6 +445,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
                 2: "parallelism_config.fsdp.sharding_strategy: SHARD_GRAD_OP",
                 3: "parallelism_config.fsdp.sharding_strategy: FULL_SHARD",
             },
+            TORCHTUNE: {
+                0: "",
+                2: "fsdp_reshard_after_forward=False",
+                3: "fsdp_reshard_after_forward=True",
+            },
         },
     ),
     Dimension(
@@ -432,6 +488,44 @@ DIMENSIONS: tuple[Dimension, ...] = (
             DEEPSPEED: {"fp32": ""},
             NANOTRON: {"fp32": ""},
             COMPOSER: {"fp32": ""},
+            TORCHTUNE: {"fp32": "", "bf16": ""},
+        },
+    ),
+    Dimension(
+        "offload",
+        Offload,
+        Offload.NONE,
+        "CPU offload: none, optimizer (fp32 main params and Adam moments in host memory, the "
+        "Adam step on the CPU), optimizer+params (also the sharded weights and gradients: FSDP "
+        "CPU offload, ZeRO-3 offload_param)",
+        label="offload-{}",
+        key="off{}",
+        flags={
+            MEGATRON: {"none": "", "optimizer": _MEGATRON_OFFLOAD},
+            NEMO: {
+                "none": "",
+                "optimizer": (
+                    f"{_NEMO_OPTIM}use_precision_aware_optimizer = True",
+                    f"{_NEMO_OPTIM}optimizer_cpu_offload = True",
+                    f"{_NEMO_OPTIM}optimizer_offload_fraction = 1.0",
+                    f"{_NEMO_OPTIM}overlap_cpu_optimizer_d2h_h2d = True",
+                ),
+            },
+            TORCHTITAN: {
+                "none": "",
+                "optimizer+params": "[training] enable_cpu_offload = true",
+            },
+            DEEPSPEED: {
+                "none": "",
+                "optimizer": _DS_OFFLOAD_OPTIMIZER,
+                "optimizer+params": (_DS_OFFLOAD_OPTIMIZER, _DS_OFFLOAD_PARAM),
+            },
+            NANOTRON: {"none": ""},
+            COMPOSER: {"none": ""},
+            TORCHTUNE: {
+                "none": "fsdp_cpu_offload=False",
+                "optimizer+params": "fsdp_cpu_offload=True",
+            },
         },
     ),
 )

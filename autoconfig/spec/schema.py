@@ -26,6 +26,7 @@ from autoconfig.spec.layout import Layout
 from autoconfig.spec.vocab import (
     Mlp,
     Norm,
+    Offload,
     OptimizerState,
     PipelineSplit,
     Position,
@@ -418,6 +419,11 @@ class ClusterSpec(_Spec):
     )
     intra_node_gb_s: Datasheet = Field(description="NVLink GB/s per GPU, one direction")
     inter_node_gb_s: Datasheet = Field(description="network GB/s per GPU, one direction")
+    # Host (CPU) memory of one node, GiB: what CPU offload (cost.offload) may fill. None where
+    # the profile does not state it: the host bytes are then reported, not checked.
+    host_memory_gib: Datasheet | None = Field(
+        default=None, description="host memory per node, GiB (datasheet)"
+    )
 
     @property
     def domain(self) -> int:
@@ -580,6 +586,7 @@ _CAN_OR_NOT = (
     "expert_folding",
     "expert_tensor_parallel",
     "partial_recompute",
+    "replicated_data_parallel",
 )
 
 
@@ -628,6 +635,17 @@ class FrameworkCapabilities(_Spec):
     lighter_state_zero: Sourced = Sourced(
         value=[0, 1, 2, 3], source="the optimizer's state precision is independent of sharding"
     )
+    # runs ZeRO 0 (whole replicas, DDP) over more than one data-parallel rank; a framework
+    # that shards every multi-GPU run runs ZeRO 0 on one GPU only
+    replicated_data_parallel: Sourced = Sourced(
+        value=True, source="plain data parallelism (DDP) beside its ZeRO stages"
+    )
+    # What it can keep in host memory (vocab.Offload values; physics in cost.offload)
+    offloads: Sourced = Sourced(value=["none"], source="no CPU offload stated")
+    # the ZeRO stages optimizer offload runs with (parameter offload needs ZeRO 3 everywhere)
+    offload_zero: Sourced = Sourced(
+        value=[0, 1, 2, 3], source="optimizer offload independent of sharding"
+    )
 
     @field_validator(*_CAN_OR_NOT)
     @classmethod
@@ -645,6 +663,23 @@ class FrameworkCapabilities(_Spec):
                 f"not {states.value!r}"
             )
         return states
+
+    @field_validator("offloads")
+    @classmethod
+    def _known_offloads(cls, modes: Sourced) -> Sourced:
+        listed = [str(s) for s in modes.value] if isinstance(modes.value, list) else []
+        unknown = [s for s in listed if s not in Offload.values()]
+        if not listed or unknown or Offload.NONE.value not in listed:
+            raise ValueError(
+                f"offloads must list none and only {Offload.allowed()}, not {modes.value!r}"
+            )
+        return modes
+
+
+# How an offloading framework overlaps its host copies (cost.offload): not at all; with the
+# CPU step, tensor by tensor (Megatron-Core's --overlap-cpu-optimizer-d2h-h2d); or with the
+# backward and the forward (DeepSpeed's overlap_comm, FSDP2's copies on its own streams).
+OFFLOAD_OVERLAPS = ("none", "with_step", "with_backward")
 
 
 class FrameworkBehaviour(_Spec):
@@ -708,6 +743,11 @@ class FrameworkBehaviour(_Spec):
     main_param_remainders: Sourced = Sourced(
         value=False, source="fp32 main parameters kept whole beside lighter moments"
     )
+    # With CPU offload: bytes per parameter the host sends up (the updated weights after the
+    # CPU step where the GPU keeps its working copy; the offloaded weights at every gather where
+    # it does not), and how the copies overlap (OFFLOAD_OVERLAPS)
+    offload_upload_bytes: Sourced = Sourced(value=2, source="the 16-bit working weights copied up")
+    offload_overlap: Sourced = Sourced(value="none", source="host copies not overlapped")
 
     @field_validator("grad_reduce_every_micro_batch", "grad_reduce_after_backward")
     @classmethod
@@ -723,6 +763,23 @@ class FrameworkBehaviour(_Spec):
     @classmethod
     def _true_or_false(cls, stated: Sourced) -> Sourced:
         return _true_or_false(stated)
+
+    @field_validator("offload_overlap")
+    @classmethod
+    def _known_overlap(cls, overlap: Sourced) -> Sourced:
+        if overlap.value not in OFFLOAD_OVERLAPS:
+            raise ValueError(
+                f"offload_overlap must be one of {', '.join(OFFLOAD_OVERLAPS)}, not "
+                f"{overlap.value!r}"
+            )
+        return overlap
+
+    @field_validator("offload_upload_bytes")
+    @classmethod
+    def _upload_bytes(cls, stated: Sourced) -> Sourced:
+        if isinstance(stated.value, bool) or stated.value not in (1, 2, 4):
+            raise ValueError(f"offload_upload_bytes must be 1, 2 or 4, not {stated.value!r}")
+        return stated
 
     @field_validator("pipeline_split")
     @classmethod

@@ -153,6 +153,28 @@ class OptimizerState(Choice):
 _STATE_CODES = {OptimizerState.FP32: 0, OptimizerState.BF16: 1, OptimizerState.FP8: 2}
 
 
+class Offload(Choice):
+    """What a training run keeps in host memory instead of GPU memory (cost.offload holds the
+    bytes and the seconds): nothing; the optimizer (fp32 main parameters and Adam moments, the
+    Adam step run on the CPU: Megatron-Core's --optimizer-cpu-offload, DeepSpeed's
+    zero_optimization.offload_optimizer); or the optimizer with the sharded parameters and
+    gradients (FSDP2's CPUOffloadPolicy, torchtitan's enable_cpu_offload, torchtune's
+    fsdp_cpu_offload; DeepSpeed ZeRO-3's offload_param beside offload_optimizer). Each
+    framework profile says which it runs (`can: offloads`)."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    PARAMS = "optimizer+params"
+
+    @property
+    def code(self) -> int:
+        """The number the cost model's `offload` column holds."""
+        return _OFFLOAD_CODES[self]
+
+
+_OFFLOAD_CODES = {Offload.NONE: 0, Offload.OPTIMIZER: 1, Offload.PARAMS: 2}
+
+
 class ZeroStage(IntEnum):
     """What data-parallel ranks shard (Rajbhandari et al. 2020, "ZeRO", Sec. 5): 1 = the
     optimizer states (Megatron's distributed optimizer), 2 = + gradients, 3 = + weights (FSDP
@@ -282,6 +304,7 @@ class Framework(Choice):
     DEEPSPEED = "deepspeed"
     NANOTRON = "nanotron"
     COMPOSER = "composer"
+    TORCHTUNE = "torchtune"
 
 
 class FailureClass(Choice):
@@ -326,6 +349,7 @@ class Sampler(Choice):
 class Executor(Choice):
     LOCAL = "local"
     SLURM = "slurm"
+    RAY = "ray"  # a placement group per trial on a Ray cluster (the `ray` extra)
 
 
 class Device(Choice):
