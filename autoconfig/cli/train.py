@@ -10,9 +10,9 @@ from autoconfig.base import checks
 from autoconfig.base.errors import UserError
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
-from autoconfig.cli.options import COUNT, COUNT0, OUT_FOLDER, SEED, checked
+from autoconfig.cli.options import AMOUNT, COUNT, COUNT0, OUT_FOLDER, SEED, checked
 from autoconfig.spec.task import task_spec
-from autoconfig.spec.vocab import Device, OptimizerState, Recompute, Task
+from autoconfig.spec.vocab import Device, Offload, OptimizerState, Recompute, Task
 
 ZERO = checked(checks.integer, low=0, high=3)
 
@@ -50,6 +50,9 @@ def train(
     optimizer_state: OptimizerState = typer.Option(
         OptimizerState.FP32.value, help="Adam state precision (the bundled trainer runs fp32)"
     ),
+    offload: Offload = typer.Option(
+        Offload.NONE.value, help="CPU offload (the bundled trainer keeps everything on the GPU)"
+    ),
     capacity_factor: float = typer.Option(
         None, help="MoE: tokens an expert takes, as a multiple of its even share (default: all)"
     ),
@@ -62,8 +65,22 @@ def train(
     slice: bool = typer.Option(False, help="one device with the per-rank shapes of --tp"),
     task: str = typer.Option(
         Task.PRETRAIN.value,
-        help="pretrain or sft (the bundled trainer trains every weight; lora and qlora are "
-        "refused)",
+        help="pretrain or sft (every weight trains), or lora (rank-r adapters on the frozen "
+        "base: no gradients or optimizer state for it); qlora is refused (no NF4 weights)",
+    ),
+    lora_rank: str = defaults.lora_rank(),
+    lora_alpha: float = typer.Option(
+        None,
+        show_default="2 x rank",
+        help="with --task lora: adapter outputs scale by alpha / rank",
+        parser=str,  # the text as typed, checked as a finite positive number in one line
+        callback=AMOUNT,
+    ),
+    lora_targets: str = defaults.lora_targets(),
+    doc_lengths: str = typer.Option(
+        None,
+        help="pack documents into each sequence: a preset (squad), a length in tokens or a CSV "
+        "of lengths; attention stays within each document, positions restart at each",
     ),
     gpu: str = typer.Option(
         None, show_default="the GPU detected", help="GPU profile for MFU (training runs here)"
@@ -83,11 +100,7 @@ def train(
     # torch takes seconds to import: only `train` pays for it.
     from autoconfig.trainer import cli_train
 
-    if task_spec(task).adapters:  # sft is pretraining's step on other data: it runs as is
-        raise UserError(
-            f"task: the bundled trainer trains every weight; it cannot run {task} (use "
-            "estimate or search to predict it)"
-        )
+    what = task_spec(task, lora_rank, lora_targets)  # a bad value is one line naming it
     if gpus is not None and nproc is not None and gpus != nproc:
         raise UserError("gpus: give --gpus (or its old name --nproc), not both")
     if config is not None:  # the file states the whole run: a flag beside it would be lost
@@ -140,6 +153,7 @@ def train(
             "recompute_layers": recompute_layers,
             "zero": zero,
             "optimizer_state": optimizer_state.value,
+            "offload": offload.value,
             "capacity_factor": capacity_factor,
             "precision": precision,
             "device": device.value,
@@ -149,6 +163,12 @@ def train(
             "compile": compile,
             "slice": slice,
             "gpu": gpu,
+            # sft is pretraining's step on other data: it runs as is
+            "task": what.task.value,
+            "lora_rank": what.lora_rank,
+            "lora_alpha": lora_alpha,
+            "lora_targets": what.lora_targets.value,
+            "doc_lengths": doc_lengths,
         },
         nproc=gpus if gpus is not None else nproc,
         out=out,

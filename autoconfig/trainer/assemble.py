@@ -127,7 +127,7 @@ def _interrupted(cfg: TrainConfig, out: Path, ranks: list[dict | None]) -> RunMe
         step_times_s=first.get("step_times_s", [])[:finished],
         losses=first.get("losses", [])[:finished],
     )
-    if finished and cfg.task == "train":
+    if finished and cfg.trains:
         metrics.median_step_time_s = median_after_warmup(metrics.step_times_s, cfg.warmup)
         metrics.tokens_per_step = cfg.global_batch * cfg.seq()
         metrics.tokens_per_s_per_gpu = (

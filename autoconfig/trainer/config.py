@@ -15,9 +15,11 @@ from autoconfig.base import checks
 from autoconfig.base.errors import UserError, pydantic_message
 from autoconfig.cost.inputs import interleaves_by_counting_ends
 from autoconfig.spec import catalog, layout
+from autoconfig.spec.documents import DocLengths, doc_lengths, fixed
 from autoconfig.spec.layout import Layout
 from autoconfig.spec.schema import ModelSpec
-from autoconfig.spec.vocab import OptimizerState, ZeroStage
+from autoconfig.spec.task import DEFAULT_LORA_RANK, DEFAULT_LORA_TARGETS, TaskSpec
+from autoconfig.spec.vocab import LoraTargets, Offload, OptimizerState, Task, ZeroStage
 
 
 def as_built(spec: ModelSpec) -> ModelSpec:
@@ -49,8 +51,30 @@ class TrainConfig(Layout):
     spec."""
 
     model: str | ModelSpec
-    task: Literal["train", "generate"] = Field(
-        default="train", description="generate: time a static batch's prefill and decode"
+    task: Literal["pretrain", "sft", "lora", "qlora", "generate"] = Field(
+        default="pretrain",
+        description="pretrain and sft train every weight; lora trains rank-r adapters on the "
+        "frozen base (spec.task, trainer/lora.py); generate times a static batch's prefill and "
+        "decode ('train' is pretrain's old name)",
+    )
+    lora_rank: int = Field(
+        default=DEFAULT_LORA_RANK, gt=0, description="lora: the adapters' rank r"
+    )
+    lora_alpha: float | None = Field(
+        default=None,
+        gt=0,
+        description="lora: adapter outputs are scaled by alpha / r (default 2r, as the exported "
+        "NeMo, torchtune and PEFT settings have it)",
+    )
+    lora_targets: LoraTargets = Field(
+        default=DEFAULT_LORA_TARGETS,
+        description="lora: qkv, attention (and its output projection) or all (and the MLP)",
+    )
+    doc_lengths: str | None = Field(
+        default=None,
+        description="packed documents (spec.documents): a preset (squad), a length in tokens "
+        "or a CSV of lengths; each sequence holds documents back to back, attention stays "
+        "within each and positions restart at each (default: one document a sequence)",
     )
     input_len: int | None = Field(default=None, gt=0, description="generate: prompt tokens")
     output_len: int | None = Field(default=None, gt=0, description="generate: tokens out")
@@ -102,6 +126,14 @@ class TrainConfig(Layout):
 
     @model_validator(mode="before")
     @classmethod
+    def _old_task_name(cls, data: Any) -> Any:
+        """'train' (configurations written before the fine-tuning tasks) is pretrain."""
+        if isinstance(data, dict) and data.get("task") == "train":
+            return {**data, "task": Task.PRETRAIN.value}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _data_parallel(cls, data: Any) -> Any:
         """dp from the world size when not given (one replica without either)."""
         if isinstance(data, dict) and data.get("dp") is None:
@@ -125,6 +157,44 @@ class TrainConfig(Layout):
         except UserError:
             return data  # the unknown model is reported where the spec is built
         return {**data, "etp": data["tp"]} if spec.is_moe else data
+
+    @property
+    def trains(self) -> bool:
+        """Whether the run trains (any task but generate)."""
+        return self.task != "generate"
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the run trains LoRA adapters on a frozen base."""
+        return self.task == Task.LORA.value
+
+    @property
+    def alpha(self) -> float:
+        """The adapters' alpha (their outputs are scaled by alpha / rank)."""
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+
+    def documents(self) -> DocLengths | None:
+        """The packed documents' length histogram (None: one document a sequence)."""
+        if self.doc_lengths is None:
+            return None
+        text = self.doc_lengths.strip()
+        try:
+            length = float(text)
+        except ValueError:
+            return doc_lengths(text)  # a preset or a CSV file: one UserError line if bad
+        if not (1 <= length <= checks.MAX_COUNT and length == int(length)):
+            raise UserError(
+                f"doc-lengths: a document length is a whole number of tokens in "
+                f"1..{checks.MAX_COUNT:,} (got {checks.shown(text)})"
+            )
+        return fixed(length)
+
+    def task_spec(self) -> TaskSpec:
+        """The run as the cost model describes it (spec.task): the task, the adapters and the
+        packed documents at the run's sequence length."""
+        task = Task.PRETRAIN if not self.trains else Task.parse(self.task, "task")
+        spec = TaskSpec(task, self.lora_rank, self.lora_targets)
+        return spec.with_documents(self.documents(), self.seq(), packed=True)
 
     def base_spec(self) -> ModelSpec:
         """The model named, before the run's `layers` / `seq_len` overrides."""
@@ -277,6 +347,11 @@ class TrainConfig(Layout):
                 f"{self.optimizer_state.value}",
             ),
             (
+                self.offload != Offload.NONE,
+                f"offload: the bundled trainer keeps weights and optimizer state on the device; "
+                f"got {self.offload.value}",
+            ),
+            (
                 self.recompute == "op",
                 "recompute: op-level selective checkpointing is not in the bundled trainer yet; "
                 "use none, selective or full",
@@ -290,11 +365,43 @@ class TrainConfig(Layout):
             ),
             (self.warmup >= self.steps, f"warmup: {self.warmup} must be below steps {self.steps}"),
             *self._generate_rules(spec),
+            *self._finetune_rules(spec),
         ]
         for bad, message in rules:
             if bad:
                 raise UserError(message)
         return self
+
+    def _finetune_rules(self, spec: ModelSpec) -> list[tuple[bool, str]]:
+        """What the trainer runs of the fine-tuning tasks (spec.task) and packed documents."""
+        if self.doc_lengths is not None:
+            self.documents()  # a bad preset, length or file is its own one line
+        return [
+            (
+                self.task == Task.QLORA.value,
+                "task: the bundled trainer has no NF4 base weights, so it cannot run qlora; "
+                "use lora (16-bit base)",
+            ),
+            (
+                self.adapters and spec.is_moe,
+                f"task: the bundled trainer puts LoRA adapters on dense layers only; "
+                f"{spec.name} has MoE layers (train it with pretrain or sft)",
+            ),
+            (
+                self.adapters and self.pp > 1 and not self.stage_layer_ids(spec.layers, 0),
+                f"vp: with lora the first pipeline chunk holds only the frozen embedding "
+                f"(pp*vp = {self.pp * self.vp} chunks of {spec.layers} layers + 2), so it has "
+                "nothing to train; lower vp",
+            ),
+            (
+                self.doc_lengths is not None and not self.trains,
+                "doc_lengths: packed documents are for training; generation takes input_len",
+            ),
+            (
+                self.doc_lengths is not None and self.slice,
+                "doc_lengths: slice mode times one layer on whole sequences; leave it out",
+            ),
+        ]
 
     def _generate_rules(self, spec: ModelSpec) -> list[tuple[bool, str]]:
         """What the bundled generator runs: one tensor-parallel replica."""
@@ -376,3 +483,15 @@ def config_from_search_row(
     }
     fields.update(overrides)
     return make_config(**fields)
+
+
+def task_fields(task: TaskSpec, doc_lengths: str | None = None) -> dict[str, object]:
+    """The trainer fields of a search's task (spec.task.TaskSpec) and documents (the
+    --doc-lengths value), as overrides of `config_from_search_row`: a lora search's layouts
+    then train lora."""
+    fields: dict[str, object] = {"task": task.task.value}
+    if task.adapters:
+        fields.update(lora_rank=task.lora_rank, lora_targets=task.lora_targets.value)
+    if doc_lengths is not None:
+        fields["doc_lengths"] = str(doc_lengths)
+    return fields

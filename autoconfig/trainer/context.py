@@ -94,19 +94,22 @@ class ContextParallel:
         v: torch.Tensor,
         dropout_p: float,
         keep_shards: bool,
+        doc_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q, k, v: (b, local seq, heads, d) -> (b, heads, local seq, d). `keep_shards`: keep
         only the local K/V for backward (off inside a recomputed region, whose checkpoint
-        already keeps only its inputs)."""
+        already keeps only its inputs). `doc_mask`: packed documents' mask of the local
+        queries against all keys (packing.document_mask), in place of the causal one."""
         k_full, v_full = self.gather(k), self.gather(v)
         q_t, k_t, v_t = (t.transpose(1, 2) for t in (q, k_full, v_full))
+        attn_mask = self.mask if doc_mask is None else doc_mask
 
         def attend() -> torch.Tensor:
             return F.scaled_dot_product_attention(
                 q_t,
                 k_t,
                 v_t,
-                attn_mask=self.mask,
+                attn_mask=attn_mask,
                 dropout_p=dropout_p,
                 enable_gqa=q_t.shape[1] != k_t.shape[1],
             )
@@ -114,7 +117,7 @@ class ContextParallel:
         if not keep_shards:
             return attend()
         shards = {_storage(k_full): k.detach(), _storage(v_full): v.detach()}
-        mask = _storage(self.mask)
+        mask = _storage(attn_mask)
 
         def pack(t: torch.Tensor) -> torch.Tensor | _Shard:
             local = shards.get(_storage(t))

@@ -74,7 +74,7 @@ def forward(model: Transformer, tokens: torch.Tensor, caches: list[KVCache], pos
     for block, cache in zip(model.layers.values(), caches, strict=True):
         x = _block(block, x, rope, cache, pos)
     x = model.norm(x[:, -1:])
-    logits = model.output(x) if model.output is not None else model._tied_head(x)
+    logits = model.head(x)
     return ops.local_tensor(logits)
 
 

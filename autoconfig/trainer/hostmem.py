@@ -40,7 +40,7 @@ def check_fits(cfg: TrainConfig, available: float | None = None) -> None:
         return
     spec = cfg.spec()
     hint = "fewer --layers"
-    if not cfg.slice and cfg.task == "train":
+    if not cfg.slice and cfg.trains:
         for tp in divisors(spec.heads):
             try:
                 trial = cfg.model_copy(update={"slice": True, "tp": tp, "dp": 1, "sp": False})

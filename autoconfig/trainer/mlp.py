@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autoconfig.trainer import ops
+from autoconfig.trainer import lora, ops
 
 
 def activation(kind: str, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -24,10 +24,21 @@ class MLP(nn.Module):
         self.w1 = nn.Linear(hidden, width, bias=False)  # up
         self.w3 = nn.Linear(hidden, width, bias=False) if kind == "swiglu" else None  # gate
         self.w2 = nn.Linear(width, hidden, bias=False)  # down
+        self.adapters: nn.ModuleDict | None = None  # LoRA "up" and "down" (lora.attach)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.w3(x) if self.w3 is not None else None
-        return self.w2(activation(self.kind, self.w1(x), gate))
+        up = self.w1(x)
+        adapters = lora.by_name(self.adapters)
+        if "up" in adapters:
+            deltas = adapters["up"](lora.column_input(x, adapters["up"].group))
+            up = up + deltas[0]
+            gate = gate + deltas[1] if gate is not None else None
+        hidden = activation(self.kind, up, gate)
+        out = self.w2(hidden)
+        if "down" in adapters:
+            out = out + adapters["down"](hidden)[0]
+        return out
 
     def local_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The forward with this rank's weight shards on a plain tensor: under tensor

@@ -13,6 +13,7 @@ sequence, so one code path serves every layout.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -20,10 +21,11 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from autoconfig.spec.schema import ModelSpec
-from autoconfig.trainer import ops
+from autoconfig.trainer import lora, ops
 from autoconfig.trainer.context import ContextParallel
 from autoconfig.trainer.experts import MoE
 from autoconfig.trainer.mlp import MLP
+from autoconfig.trainer.packing import document_mask, positions_in_documents
 
 
 def rope_tables(seq: int, head_dim: int, base: float = 500000.0) -> tuple[torch.Tensor, ...]:
@@ -35,10 +37,11 @@ def rope_tables(seq: int, head_dim: int, base: float = 500000.0) -> tuple[torch.
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, seq, heads, head_dim)."""
+    """x: (batch, seq, heads, head_dim); cos, sin: (seq, head_dim), or (batch, seq, head_dim)
+    when every sequence has its own positions (packed documents)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    cos, sin = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]
+    cos, sin = cos.to(x.dtype)[..., None, :], sin.to(x.dtype)[..., None, :]
     return x * cos + rotated * sin
 
 
@@ -60,16 +63,26 @@ class Attention(nn.Module):
         # and the input's gradients over the tp group (Megatron-LM replicates K/V heads too).
         self.kv_group: torch.distributed.ProcessGroup | None = None
         self.kv_rows = slice(None)
+        self.adapters: nn.ModuleDict | None = None  # LoRA "q", "kv", "o" (lora.attach)
 
-    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v: (batch, seq, heads, head_dim) -> (batch, heads, seq, head_dim)."""
+    def core(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """q, k, v: (batch, seq, heads, head_dim) -> (batch, heads, seq, head_dim). `mask`:
+        packed documents' block-diagonal causal mask (packing.document_mask), else causal."""
         dropout = self.dropout if self.training else 0.0
         if self.context is not None:
             keep_shards = not (self.selective or self.in_recomputed_block)
-            return self.context.attention(q, k, v, dropout, keep_shards)
+            return self.context.attention(q, k, v, dropout, keep_shards, mask)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1]
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            dropout_p=dropout,
+            enable_gqa=q.shape[1] != k.shape[1],
         )
 
     def _kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,17 +100,36 @@ class Attention(nn.Module):
         return F.linear(local, wk), F.linear(local, wv)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        # -1: the local head count, heads/tp under tensor parallelism.
-        q = self.wq(x).view(b, s, -1, self.head_dim)
+        q = self.wq(x)
         k, v = self._kv(x)
+        adapters = lora.by_name(self.adapters)
+        if "q" in adapters or "kv" in adapters:
+            any_adapter = adapters["q"] if "q" in adapters else adapters["kv"]
+            local = lora.column_input(x, any_adapter.group)  # once for q and kv
+            if "q" in adapters:
+                q = q + adapters["q"](local)[0]
+            if "kv" in adapters:
+                dk, dv = adapters["kv"](local)
+                k, v = k + dk, v + dv
+        # -1: the local head count, heads/tp under tensor parallelism.
+        q = q.view(b, s, -1, self.head_dim)
         k, v = k.view(b, s, -1, self.head_dim), v.view(b, s, -1, self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = ops.checkpointed(self.core, q, k, v) if self.selective else self.core(q, k, v)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        if self.selective:
+            out = ops.checkpointed(self.core, q, k, v, mask)
+        else:
+            out = self.core(q, k, v, mask)
+        heads = out.transpose(1, 2).reshape(b, s, -1)
+        if "o" in adapters:
+            return self.wo(heads) + adapters["o"](heads)[0]
+        return self.wo(heads)
 
 
 class Block(nn.Module):
@@ -112,16 +144,28 @@ class Block(nn.Module):
         self.dropout = 0.1 if spec.dropout else 0.0
         self.recompute = False  # full recompute of this layer (set by the plan)
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None):
+    def _forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        mask: torch.Tensor | None = None,
+    ):
         rope = (cos, sin) if cos is not None else None
-        x = x + F.dropout(self.attn(self.attn_norm(x), rope), self.dropout, self.training)
+        x = x + F.dropout(self.attn(self.attn_norm(x), rope, mask), self.dropout, self.training)
         return x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None = None,
+    ):
+        """`mask`: packed documents' attention mask (Transformer.forward), else causal."""
         cos, sin = rope if rope is not None else (None, None)
         if self.recompute:
-            return ops.checkpointed(self._forward, x, cos, sin)
-        return self._forward(x, cos, sin)
+            return ops.checkpointed(self._forward, x, cos, sin, mask)
+        return self._forward(x, cos, sin, mask)
 
 
 class Transformer(nn.Module):
@@ -152,6 +196,9 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(seq_len, spec.dhead) if not learned else (None, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # The whole sequence's rope tables where rope_cos/rope_sin hold a context-parallel
+        # rank's rows (set by apply_cp): packed documents index them by position in document.
+        self.rope_full: tuple[torch.Tensor, torch.Tensor] | None = None
         self.dropout = 0.1 if spec.dropout else 0.0
         # Set by the TP plan with sequence parallelism: this rank's sequence shard.
         self.seq_shard: tuple[int, int] = (0, 1)
@@ -190,36 +237,63 @@ class Transformer(nn.Module):
                         scale = out_std if pname.endswith(("wo.weight", "w2.weight")) else std
                         p.copy_(torch.empty(p.shape).normal_(0, scale, generator=gen))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, docs: torch.Tensor | None = None) -> torch.Tensor:
+        """`x`: tokens on the first stage, else the previous stage's hidden states. `docs`:
+        with packed documents, (batch, seq) document ids of the micro-batch's whole sequences
+        (every rank, whatever its context-parallel share): attention stays within each
+        document and positions restart at each one."""
+        in_doc = positions_in_documents(docs) if docs is not None else None
         if self.first:
             tokens = x
             x = self.tok_embeddings(tokens)
             if self.pos_embeddings is not None:
-                x = x + self._positions(tokens.shape[1], tokens.device)
+                x = x + self._positions(tokens.shape[1], tokens.device, in_doc)
             x = F.dropout(x, self.dropout, self.training)
-        rope = None
+        rope, mask = None, None
         if self.rope_cos is not None:
             # With sequence parallelism a rank holds a contiguous sequence shard between
             # blocks, but attention always sees the rank's whole sequence (TP all-gathers it).
-            rope = (self.rope_cos, self.rope_sin)
+            # (buffers, which nn.Module.__getattr__ types Tensor | Module)
+            rope = (cast(torch.Tensor, self.rope_cos), cast(torch.Tensor, self.rope_sin))
+        if docs is not None:
+            assert in_doc is not None  # computed from docs above
+            local = self.context.positions if self.context is not None else None
+            mask = document_mask(docs, local)
+            ops.not_activation(mask)
+            if rope is not None:
+                cos, sin = self.rope_full or rope
+                mine = in_doc if local is None else in_doc[:, local]
+                rope = (cos[mine], sin[mine])
+                ops.not_activation(rope[0])
+                ops.not_activation(rope[1])
         for block in self.layers.values():
-            x = block(x, rope)
+            x = block(x, rope, mask)
         if not self.last:
             return x
-        x = self.norm(x)
+        return self.head(self.norm(x))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the final-norm output `x`: the output layer, or the tied embedding."""
         if self.output is not None:
             return self.output(x)
         return self._tied_head(x)
 
-    def _positions(self, seq: int, device: torch.device) -> torch.Tensor:
-        """Learned position embeddings of this rank's tokens (its CP share, its SP shard)."""
+    def _positions(
+        self, seq: int, device: torch.device, in_doc: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Learned position embeddings of this rank's tokens (its CP share, its SP shard);
+        with packed documents (`in_doc`: each token's position in its document, whole
+        sequences) the positions restart at every document."""
         rank, size = self.seq_shard
         local = seq // size
         weight = self.pos_embeddings.weight
         if self.pos_grad_group is not None:
             weight = ops.AllReduceGrad.apply(weight, self.pos_grad_group)
         mine = self.context.positions if self.context is not None else torch.arange(seq)
-        return F.embedding(mine[rank * local : (rank + 1) * local].to(device), weight)
+        shard = mine[rank * local : (rank + 1) * local].to(device)
+        if in_doc is not None:
+            return F.embedding(in_doc[:, shard], weight)
+        return F.embedding(shard, weight)
 
     def _tied_head(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.tok_embeddings.weight

@@ -70,6 +70,39 @@ class AllReduceGrad(torch.autograd.Function):
         return grad, None
 
 
+class AllReduceForward(torch.autograd.Function):
+    """Sums partial results over a process group in forward (Megatron-LM's "reduce from the
+    tensor-parallel region"). Backward hands each rank the output's gradient as it is when
+    every rank holds the same one (`sum_backward` False: a replicated consumer), or sums it
+    too when each rank's consumer used only its own part of the sum (`sum_backward` True: a
+    sequence shard under sequence parallelism), since then every rank's partial input fed every
+    rank's output."""
+
+    @staticmethod
+    def forward(ctx, t, group, sum_backward):  # type: ignore[override]
+        ctx.group, ctx.sum_backward = group, sum_backward
+        t = t.contiguous().clone()
+        dist.all_reduce(t, group=group)
+        return t
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if ctx.sum_backward:
+            grad = grad.contiguous().clone()
+            dist.all_reduce(grad, group=ctx.group)
+        return grad, None, None
+
+
+def not_activation(t: torch.Tensor | None) -> None:
+    """Tells the counters measuring now that `t` is a constant of the micro-batch (a packed
+    batch's attention mask or per-token rope rows, built once and shared by every layer), not
+    an activation a layer saves: the cost model's variable-length attention keeps neither."""
+    if t is None:
+        return
+    for counter in ACTIVE:
+        counter.ignore(t)
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The rank-local tensor of a DTensor (what actually occupies this rank's memory)."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -131,6 +164,10 @@ class SavedBytes:
         for p in [*module.parameters(), *module.buffers()]:  # buffers: rope tables
             self._params.update(ptr for ptr, _ in storages(p.data))
 
+    def ignore(self, t: torch.Tensor) -> None:
+        """`t` is not an activation (ops.not_activation)."""
+        self._params.update(ptr for ptr, _ in storages(t))
+
     def add(self, t: object) -> None:
         if not self.stack or not isinstance(t, torch.Tensor) or isinstance(t, nn.Parameter):
             return  # parameters (also FSDP's gathered ones) are not activations
@@ -172,9 +209,10 @@ def record_saved(t: object) -> None:
         ACTIVE[-1].add(t)
 
 
-def checkpointed(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+def checkpointed(fn: Callable[..., torch.Tensor], *args: torch.Tensor | None) -> torch.Tensor:
     """Activation checkpointing (non-reentrant): only the inputs stay alive until backward,
-    so those are what the counter records."""
+    so those are what the counter records. A None argument (an absent mask or rope table)
+    passes through."""
     for a in args:
         record_saved(a)
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -22,6 +23,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from autoconfig.trainer import lora
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.context import ContextParallel
 from autoconfig.trainer.experts import LocalExperts, MoE, TokenDispatcher
@@ -59,8 +61,9 @@ def apply_tp(
             block.attn.kv_group = tp_mesh.get_group()
             block.attn.kv_rows = slice(head * head_dim, (head + 1) * head_dim)
         if sp:
+            # (x, rope, mask): Block passes the packed documents' mask, None without
             plan["attn"] = PrepareModuleInput(
-                input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)
+                input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)
             )
         if isinstance(block.mlp, MoE):
             _shard_experts(block.mlp, tp_mesh, seq, whole_experts)
@@ -74,6 +77,8 @@ def apply_tp(
                     input_layouts=(seq,), desired_input_layouts=(Replicate(),)
                 )
         parallelize_module(block, tp_mesh, plan)
+        # LoRA adapters: the factor on the base weight's sharded side split as it is
+        lora.shard(block, tp, rank, tp_mesh.get_group(), sp)
         block.attn_norm.grad_group = group
         block.mlp_norm.grad_group = group
     top: dict[str, object] = {}
@@ -126,6 +131,8 @@ def apply_cp(model: Transformer, cp_mesh: DeviceMesh, seq: int, dtype: torch.dty
     for block in model.layers.values():
         block.attn.context = context
     if model.rope_cos is not None:
+        # packed documents index these (buffers, which nn.Module.__getattr__ types Tensor | Module)
+        model.rope_full = (cast(torch.Tensor, model.rope_cos), cast(torch.Tensor, model.rope_sin))
         model.rope_cos = model.rope_cos[context.positions]
         model.rope_sin = model.rope_sin[context.positions]
 
@@ -274,7 +281,8 @@ def make_optimizer(chunks: list[nn.Module], cfg: TrainConfig, meshes: Meshes | N
             fused=fused or None,
         )
 
-    params = [p for m in chunks for p in m.parameters()]
+    # LoRA: the frozen base weights take no optimizer state (lora.freeze_base)
+    params = [p for m in chunks for p in m.parameters() if p.requires_grad]
     folded = meshes is not None and cfg.experts_apart and meshes.edp.size() > 1
     if cfg.zero != 1 or meshes is None or (meshes.dp_cp.size() == 1 and not folded):
         return inner(params)

@@ -99,6 +99,9 @@ def training_inputs_of_runs(
     autocast = [runs_autocast(c, d) for c, d in zip(configs, device_types, strict=True)]
     specs = [cfg.trained_spec() for cfg in configs]
     gpus = [catalog.get_gpu(p) for p in profiles]
+    # The task (LoRA freezes the base: cost/finetune.py) and the packed documents of each run.
+    tasks = [cfg.task_spec().columns() for cfg in configs]
+    task_columns = {name: np.array([t[name] for t in tasks], float) for name in tasks[0]}
     dims = []
     for cfg in configs:
         d = layout.plain(cfg.model_dump())
@@ -122,6 +125,7 @@ def training_inputs_of_runs(
             **reductions_after_backward(configs),
             autocast_fp32=np.array(autocast, float),
             **gradient_passes(configs, device_types),
+            **task_columns,
         ),
     )
 

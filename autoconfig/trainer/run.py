@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from autoconfig.base.errors import UserError
 from autoconfig.base.fileio import write_json
-from autoconfig.trainer import ops
+from autoconfig.trainer import lora, ops
 from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.context import chunk_positions
@@ -40,6 +40,7 @@ from autoconfig.trainer.metrics import (
     RankMemory,
 )
 from autoconfig.trainer.model import Transformer
+from autoconfig.trainer.packing import DOCUMENT_STREAM, document_ids
 from autoconfig.trainer.parallel import (
     apply_cp,
     apply_dp,
@@ -72,6 +73,15 @@ def synthetic_batch(cfg: TrainConfig, step: int, vocab: int, seq: int) -> torch.
     """The global batch of step `step`: seeded, identical whatever the layout."""
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + step)
     return torch.randint(0, vocab, (cfg.global_batch, seq + 1), generator=gen)
+
+
+def synthetic_documents(cfg: TrainConfig, step: int, seq: int) -> torch.Tensor | None:
+    """The document ids of step `step`'s global batch (packing.document_ids), identical
+    whatever the layout; None when every sequence is one document."""
+    docs = cfg.documents()
+    if docs is None:
+        return None
+    return document_ids(docs, cfg.global_batch, seq, cfg.seed * 1000 + step + DOCUMENT_STREAM)
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -142,12 +152,16 @@ class Rank:
             )
             model.init_weights(cfg.seed)  # the full layers, then each layout keeps its share
             model.to(self.device, dtype=torch.bfloat16 if self.cpu_bf16 else None)
+            if cfg.adapters:  # full-width adapters, split with the base weights below
+                lora.attach(model, cfg.lora_rank, cfg.alpha, cfg.lora_targets, cfg.seed)
             if cfg.ep > 1 and self.mesh is not None:
                 apply_ep(model, self.mesh.ep)
             if cfg.tp > 1 and self.mesh is not None:
                 apply_tp(model, self.mesh["tp"], cfg.sp, whole_experts=cfg.whole_experts)
             if cfg.cp > 1 and self.mesh is not None:
                 apply_cp(model, self.mesh["cp"], self.seq, self.activation_dtype)
+            if cfg.adapters:  # before data parallelism, which wraps the trained weights only
+                lora.freeze_base(model)
             apply_recompute(model, cfg)
             if cfg.compile:
                 for block in model.layers.values():
@@ -207,19 +221,29 @@ class Rank:
     def local_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This DP rank's sequences; with context parallelism, the tokens at its positions."""
         tokens = synthetic_batch(self.cfg, step, self.spec.vocab, self.seq)
-        per_dp = self.cfg.global_batch // self.cfg.resolved_dp
-        mine = tokens[self.dp_rank * per_dp : (self.dp_rank + 1) * per_dp]
+        mine = self._dp_share(tokens)
         inputs, targets = mine[:, :-1], mine[:, 1:]
         if self.cfg.cp > 1:
             positions = chunk_positions(self.seq, self.cfg.cp, self.cp_rank)
             inputs, targets = inputs[:, positions], targets[:, positions]
         return inputs.contiguous().to(self.device), targets.contiguous().to(self.device)
 
+    def _dp_share(self, batch: torch.Tensor) -> torch.Tensor:
+        per_dp = self.cfg.global_batch // self.cfg.resolved_dp
+        return batch[self.dp_rank * per_dp : (self.dp_rank + 1) * per_dp]
+
+    def local_documents(self, step: int) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments for this DP rank's sequences: their document ids over
+        the whole sequence (a context-parallel rank needs every key's document), or none."""
+        docs = synthetic_documents(self.cfg, step, self.seq)
+        return {} if docs is None else {"docs": self._dp_share(docs).to(self.device)}
+
     def step(self, step: int) -> float | None:
         """One optimizer step; returns the mean loss of this rank's micro-batches (None on
         ranks without the last stage)."""
         cfg = self.cfg
         inputs, targets = self.local_batch(step)
+        docs = self.local_documents(step)  # split into micro-batches like the tokens
         autocast = torch.autocast("cuda", torch.bfloat16, enabled=self.bf16)
         loss = None
         with autocast:
@@ -228,7 +252,9 @@ class Rank:
                 is_first, is_last = self.pp_rank == 0, self.pp_rank == cfg.pp - 1
                 args = (inputs,) if is_first else ()
                 kwargs = {"target": targets, "losses": losses} if is_last else {}
-                self.schedule.step(*args, **kwargs)
+                # Every stage takes the micro-batch's documents (the schedule splits keyword
+                # arguments into micro-batches and hands them to each stage).
+                self.schedule.step(*args, **kwargs, **docs)
                 if is_last:
                     loss = float(torch.stack([x.detach().float() for x in losses]).mean())
             else:
@@ -237,7 +263,8 @@ class Rank:
                 for i, mb in enumerate(range(0, inputs.shape[0], cfg.mbs)):
                     with reduce_on_last(model, last=i == cfg.micro_batches - 1):
                         batch = slice(mb, mb + cfg.mbs)
-                        mb_loss = loss_fn(model(inputs[batch]), targets[batch])
+                        mine = {name: t[batch] for name, t in docs.items()}
+                        mb_loss = loss_fn(model(inputs[batch], **mine), targets[batch])
                         (mb_loss / cfg.micro_batches).backward()
                     total += float(mb_loss.detach())
                 loss = total / cfg.micro_batches

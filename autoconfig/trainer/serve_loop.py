@@ -166,7 +166,7 @@ def iteration(
     offset = sum(c.tokens.shape[1] for c in chunks)
     rows = torch.tensor([int(i) for i in lasts] + list(range(offset, offset + len(slots))))
     picked = model.norm(x[:, rows])
-    logits = model.output(picked) if model.output is not None else model._tied_head(picked)
+    logits = model.head(picked)
     return ops.local_tensor(logits)[0]
 
 
