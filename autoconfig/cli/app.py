@@ -37,6 +37,7 @@ COMMAND_MODULES = {
     "infer": "infer",
     "plan": "plan",
     "rl": "rl",
+    "rl-measure": "rl",
     "search": "search",
     "train": "train",
 }

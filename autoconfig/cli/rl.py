@@ -1,19 +1,22 @@
 """`autoconfig rl`: plans for RL post-training (which GPUs generate, which train, together or
-apart, and what a step costs), or every published RL run of a CSV predicted with its error."""
+apart, and what a step costs), or every published RL run of a CSV predicted with its error;
+`autoconfig rl-measure`: a small RL loop measured on CPU, phase by phase, against the planner's
+prediction before and after fitting the CPU profile's constants."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from autoconfig import api
 from autoconfig.base.errors import UserError
-from autoconfig.base.fileio import csv_text, write_text
+from autoconfig.base.fileio import csv_text, write_json, write_text
 from autoconfig.cli import defaults
 from autoconfig.cli.app import app
-from autoconfig.cli.options import COUNT, OUT_FILE, read_csv
+from autoconfig.cli.options import COUNT, COUNT0, OUT_FILE, OUT_FOLDER, SEED, claimed, read_csv
 from autoconfig.spec.vocab import Precision
 
 # The flags a batch prediction (--runs) takes; every other flag describes one job.
@@ -30,9 +33,18 @@ def rl(
     prompts: int = typer.Option(64, help="prompts per step", callback=COUNT),
     samples: int = typer.Option(16, help="samples (generations) per prompt"),
     prompt_len: int = typer.Option(256, help="prompt tokens", callback=COUNT),
-    max_response_len: int = typer.Option(4096, help="most response tokens", callback=COUNT),
+    max_response_len: int = typer.Option(
+        None,
+        help="most response tokens (default 4096; with --lengths, a bound it checks)",
+        callback=COUNT,
+    ),
     mean_response_len: float = typer.Option(
         None, help="mean response tokens (default: half the maximum)"
+    ),
+    lengths: Path = typer.Option(
+        None,
+        help="CSV of measured response lengths (an output_len or length column): the "
+        "rollout draws from them instead of the exponential",
     ),
     critic: str = typer.Option(None, help="PPO's value model (default: the policy's shape)"),
     reference: bool = typer.Option(
@@ -57,13 +69,30 @@ def rl(
         help="CSV file to write: the plans, or with --runs every row's predictions",
         callback=OUT_FILE,
     ),
+    rl_framework: str = typer.Option(
+        None,
+        help="nemo-rl, verl or openrlhf: the rollout engine takes that framework's default "
+        "share of GPU memory (default: --emit's framework, else vLLM's own default)",
+    ),
+    gpu_memory_utilization: float = typer.Option(
+        None, help="the rollout engine's share of each GPU's memory (0.05-1), over --framework"
+    ),
+    gpu_hour_usd: float = typer.Option(
+        None, help="USD per GPU-hour: each plan's cost of 1,000 steps"
+    ),
+    emit: str = typer.Option(
+        None, help="nemo-rl, verl or openrlhf: print the launch line of plan --emit-rank"
+    ),
+    emit_rank: int = typer.Option(
+        None, help="the plan --emit writes (default: the fastest the framework runs)"
+    ),
 ) -> None:
     """Rank RL plans (placement x rollout tp x trainer layout) by time per step, or predict
     every row of --runs with its error."""
     if runs is not None:
         given = [
             name
-            for name in ("model", "gpus", "critic", "rollout_gpus", "placement")
+            for name in ("model", "gpus", "critic", "rollout_gpus", "placement", "emit", "lengths")
             if ctx.params.get(name) is not None and name not in BATCH_FLAGS
         ]
         if given:
@@ -82,6 +111,10 @@ def rl(
         return
     if model is None or gpus is None:
         raise UserError("rl: give --model and --gpus (or --runs CSV)")
+    if emit is not None:
+        from autoconfig.rl.frameworks import RLFramework
+
+        RLFramework.parse(emit, "emit")
     plans = api.rl(
         model,
         gpus,
@@ -92,6 +125,7 @@ def rl(
         prompt_len=prompt_len,
         max_response_len=max_response_len,
         mean_response_len=mean_response_len,
+        lengths=lengths,
         critic=critic,
         reference=reference,
         staleness=staleness,
@@ -99,6 +133,9 @@ def rl(
         top=top,
         placement=placement,
         rollout_gpus=rollout_gpus,
+        gpu_hour_usd=gpu_hour_usd,
+        framework=rl_framework if rl_framework is not None else emit,
+        gpu_memory_utilization=gpu_memory_utilization,
     )
     job = plans.job
     print(
@@ -114,8 +151,95 @@ def rl(
             + (f", critic {row['critic_s']:.1f}" if row["critic_s"] > 0 else "")
             + f", sync {row['sync_s']:.1f}, switch {row['switch_s']:.1f}); "
             f"{row['samples_per_s']:.1f} samples/s, {row['tokens_per_s_per_gpu']:,.0f} "
-            f"tokens/s/GPU; bottleneck: {row['bottleneck']}"
+            f"tokens/s/GPU, {row['gpu_hours_per_1000_steps']:,.0f} GPU-hours per 1,000 steps"
+            + (f" (${row['usd_per_1000_steps']:,.0f})" if "usd_per_1000_steps" in row else "")
+            + f"; bottleneck: {row['bottleneck']}"
         )
     if out is not None:
         write_text(out, csv_text(plans.table))
         print(f"wrote {len(plans.table)} plans to {out}", file=sys.stderr)
+    if emit is not None:
+        from autoconfig.report.rl_launch import fastest_runnable, launch_line
+
+        rank = emit_rank if emit_rank is not None else fastest_runnable(plans, emit)
+        print(launch_line(plans, emit, rank))
+
+
+@app.command("rl-measure")
+def rl_measure(
+    fit: list[str] = typer.Option(
+        None,
+        help="a configuration the constants are fitted on, 'prompts=4,samples=4,prompt-len=32,"
+        "max-response-len=64[,mean-response-len=32][,model=tiny-gpt][,layers=4]' "
+        "(repeat it; default: four tiny-llama ones)",
+    ),
+    held_out: list[str] = typer.Option(
+        None, help="a configuration predicted but not fitted on (repeat it; default: four)"
+    ),
+    steps: int = typer.Option(3, help="measured RL steps per configuration", callback=COUNT),
+    warmup: int = typer.Option(1, help="steps run first and left out", callback=COUNT0),
+    threads: int = typer.Option(1, help="torch threads (cores) of the loop", callback=COUNT),
+    seed: int = typer.Option(0, callback=SEED),
+    out: Path = typer.Option(
+        None, help="folder for rl_phases.csv and rl_fit.json", callback=OUT_FOLDER
+    ),
+) -> None:
+    """Run a small GRPO loop on CPU (rollout, log-probs, update, weight sync; one process,
+    colocated) for each configuration, fit the cpu-gloo profile's constants on the --fit ones
+    and print every phase measured against the planner's prediction before and after."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from autoconfig.measure import rl_loop
+
+    common = {"steps": steps, "warmup": warmup, "threads": threads, "seed": seed}
+    fit_on = (
+        [rl_loop.parse_config(t, "fit", **common) for t in fit]
+        if fit
+        else [
+            replace(c, steps=steps, warmup=warmup, threads=threads, seed=seed)
+            for c in rl_loop.DEFAULT_FIT
+        ]
+    )
+    checked = (
+        [rl_loop.parse_config(t, "held-out", **common) for t in held_out]
+        if held_out
+        else [
+            replace(c, steps=steps, warmup=warmup, threads=threads, seed=seed)
+            for c in rl_loop.DEFAULT_HELD_OUT
+        ]
+    )
+    console = Console(stderr=True)
+    with claimed(out):
+        result = rl_loop.compare(fit_on, checked, progress=lambda m: console.print(m, style="dim"))
+        table = Table(title="RL loop on CPU: measured vs the planner's phases (seconds)")
+        for name in ("configuration", "phase", "measured", "before", "after", "error after"):
+            table.add_column(
+                name, justify="left" if name in ("configuration", "phase") else "right"
+            )
+        for _, row in result.table.iterrows():
+            tag = " (held out)" if row["held_out"] else ""
+            table.add_row(
+                f"{row['config']}{tag}",
+                str(row["phase"]).removesuffix("_s"),
+                f"{row['measured_s']:.4f}",
+                f"{row['predicted_before_s']:.4f}",
+                f"{row['predicted_after_s']:.4f}",
+                f"{row['error_after_pct']:+.1f}%",
+            )
+        Console().print(table)
+        print("median |error| per phase, fitted and held-out configurations, before -> after:")
+        for _, row in result.summary().iterrows():
+            phase = str(row["phase"]).removesuffix("_s")
+            print(
+                f"  {phase:8s} fitted {row['fitted_before_pct']:.1f}% "
+                f"-> {row['fitted_after_pct']:.1f}%, held out {row['held_out_before_pct']:.1f}% "
+                f"-> {row['held_out_after_pct']:.1f}%"
+            )
+        print("constants (cpu-gloo profile):")
+        for line in result.fitted.lines():
+            print(f"  {line}")
+        if out is not None:
+            write_text(out / "rl_phases.csv", csv_text(result.table))
+            write_json(out / "rl_fit.json", rl_loop.report_json(result))
+            print(f"wrote rl_phases.csv and rl_fit.json to {out}", file=sys.stderr)

@@ -70,6 +70,9 @@ class Job:
     critic: ModelSpec | None = None  # PPO's value model (the actor's shape when not given)
     reference: bool = True  # a KL penalty against a frozen reference policy
     precision: str = "bf16"  # training and generation (fp8: both, as NeMo-RL's FP8 recipes)
+    # the share of a rollout GPU's memory the engine takes (vLLM's gpu_memory_utilization);
+    # None: vLLM's own default (autoconfig.rl.frameworks)
+    engine_memory_fraction: float | None = None
 
     @property
     def sequences(self) -> int:
@@ -102,6 +105,12 @@ class Job:
             raise UserError(
                 f"max-response-len: a {self.prompt_tokens}-token prompt plus {longest:g} "
                 f"response tokens exceed {self.model.name}'s context of {context:,}"
+            )
+        share = self.engine_memory_fraction
+        if share is not None and not 0.05 <= share <= 1.0:
+            raise UserError(
+                f"gpu-memory-utilization: the engine's share of a GPU's memory is between "
+                f"0.05 and 1 (got {share:g})"
             )
         if self.critic is not None and not self.algorithm.has_critic:
             raise UserError(

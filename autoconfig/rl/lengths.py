@@ -1,5 +1,6 @@
 """The response-length distribution of a rollout: a maximum and a mean, read as an exponential
-density truncated at the maximum, and the stratified lengths a simulation draws from it.
+density truncated at the maximum, or measured lengths (a CSV, `read_response_lengths`), and
+the stratified lengths a simulation draws from it.
 
 Assumption (not a measured distribution): the density of a response of x tokens is
 proportional to exp(-rate * x) on [0, max]. One parameter is fixed by the mean:
@@ -15,8 +16,11 @@ wall time, since a step waits for its longest response.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from autoconfig.spec.documents import read_length_table
 
 # |rate * max| beyond this is a point mass at one end for every practical purpose, and keeps
 # exp() finite.
@@ -35,10 +39,24 @@ def _mean_share(scaled_rate: float) -> float:
 
 @dataclass(frozen=True)
 class ResponseLengths:
-    """Responses of at most `max_tokens` tokens averaging `mean_tokens`."""
+    """Responses of at most `max_tokens` tokens averaging `mean_tokens`: the truncated
+    exponential above, or, with `lengths` and `counts` (measured responses: each distinct
+    length and how often it occurred), their own distribution."""
 
     max_tokens: float
     mean_tokens: float
+    lengths: tuple[int, ...] = ()
+    counts: tuple[float, ...] = ()
+    source: str = ""  # where measured lengths came from
+
+    @classmethod
+    def measured(
+        cls, lengths: tuple[int, ...], counts: tuple[float, ...], source: str
+    ) -> ResponseLengths:
+        """The distribution of measured response lengths."""
+        values, weights = np.asarray(lengths, float), np.asarray(counts, float)
+        mean = float((values * weights).sum() / weights.sum())
+        return cls(float(values.max()), mean, tuple(lengths), tuple(counts), source)
 
     @property
     def scaled_rate(self) -> float:
@@ -57,6 +75,11 @@ class ResponseLengths:
     def quantile(self, u: np.ndarray) -> np.ndarray:
         """Lengths at cumulative probabilities `u` (the inverse CDF), at least one token."""
         u = np.asarray(u, dtype=float)
+        if self.lengths:
+            # the measured step function: the length whose cumulative share first reaches u
+            cumulative = np.cumsum(self.counts) / np.sum(self.counts)
+            at = np.searchsorted(cumulative, u, side="left").clip(0, len(self.lengths) - 1)
+            return np.asarray(self.lengths, float)[at]
         a = self.scaled_rate
         if abs(a) < 1e-9:
             x = u * self.max_tokens
@@ -72,7 +95,20 @@ class ResponseLengths:
         return self.quantile(u)
 
     def describe(self) -> str:
+        if self.lengths:
+            return (
+                f"{int(sum(self.counts)):,} measured lengths from {self.source} (mean "
+                f"{self.mean_tokens:,.0f}, longest {self.max_tokens:,.0f} tokens)"
+            )
         return (
             f"exponential truncated at {self.max_tokens:,.0f} tokens with mean "
             f"{self.mean_tokens:,.0f} (rate x max = {self.scaled_rate:+.2f})"
         )
+
+
+def read_response_lengths(path: Path) -> ResponseLengths:
+    """Measured response lengths from a CSV: an `output_len` column (the format of `infer
+    --workload`, whose outputs are the responses) or a `length` column. Bad input is one
+    UserError line naming `lengths`, the file and the first bad line."""
+    lengths, counts = read_length_table(path, "lengths", (("output_len",), ("length",)))
+    return ResponseLengths.measured(lengths, counts, Path(path).name)

@@ -160,6 +160,7 @@ def table(steps: list[StepEstimate]) -> pd.DataFrame:
                 **s.phases(),
                 "samples_per_s": s.samples_per_s,
                 "tokens_per_s_per_gpu": s.tokens_per_s_per_gpu,
+                "gpu_hours_per_1000_steps": s.step_s * p.total_gpus() * 1000.0 / 3600.0,
                 "fits": s.fits,
                 "bottleneck": s.bottleneck(),
                 "plan": p.label(),

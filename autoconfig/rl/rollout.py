@@ -36,10 +36,10 @@ from autoconfig.columns.build import serving_inputs
 from autoconfig.cost.inference import SERVING_ENGINES
 from autoconfig.cost.kv_cache import kv_capacity
 from autoconfig.cost.serving_step import StepModel, step_model, take
+from autoconfig.rl.frameworks import engine_memory_fraction
 from autoconfig.rl.job import Job
 
 MAX_NUM_BATCHED_TOKENS = 8192.0  # vLLM's chunked-prefill budget on large GPUs
-KV_FRACTION = 0.9  # vLLM's gpu_memory_utilization default, read as the serving model's share
 BLOCK_TOKENS = 16.0  # vLLM's paged-attention block
 SEED = 0
 
@@ -118,6 +118,9 @@ def replica_seconds(
 def deployment_frame(job: Job, tps: list[int], gpus: list[int]) -> pd.DataFrame:
     """The serving model's deployment table of the engines: one row per (tp, rollout GPUs)."""
     weights = "fp8" if job.precision == "fp8" and job.gpu.supports("fp8") else "bf16"
+    memory_share = job.engine_memory_fraction
+    if memory_share is None:
+        memory_share = engine_memory_fraction(None)
     return pd.DataFrame(
         {
             "tp": np.asarray(tps, float),
@@ -132,7 +135,7 @@ def deployment_frame(job: Job, tps: list[int], gpus: list[int]) -> pd.DataFrame:
             "ep": 1.0,
             "max_seqs": 256.0,
             "max_tokens": MAX_NUM_BATCHED_TOKENS,
-            "kv_fraction": KV_FRACTION,
+            "kv_fraction": memory_share,
             "block_tokens": BLOCK_TOKENS,
             "engine": float(SERVING_ENGINES.index("vllm")),
         }

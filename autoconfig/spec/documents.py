@@ -104,22 +104,31 @@ def read_lengths(path: Path) -> DocLengths:
     """A CSV of document lengths: a `length` column, or `input_len` and `output_len` (the
     format of `infer --workload`: a fine-tuning example is its prompt and its answer). Bad
     input is one UserError line naming the file and the first bad line."""
-    text = checks.text_file(path, FIELD)
+    lengths, counts = read_length_table(path, FIELD, (("length",), ("input_len", "output_len")))
+    return DocLengths(Path(path).name, lengths, counts)
+
+
+def read_length_table(
+    path: Path, field: str, choices: tuple[tuple[str, ...], ...]
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The distinct lengths of a CSV and how often each occurs, a row's length the sum of the
+    first of `choices` (tuples of column names) the file has. Bad input is one UserError line
+    naming `field`, the file and the first bad line."""
+    text = checks.text_file(path, field)
     try:
         table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         reason = " ".join(str(exc).split())[:200]
-        raise UserError(f"{FIELD}: '{path}' is not a readable CSV ({reason})") from None
+        raise UserError(f"{field}: '{path}' is not a readable CSV ({reason})") from None
     table.columns = [str(c).strip() for c in table.columns]
-    columns = ["length"] if "length" in table else ["input_len", "output_len"]
-    if any(c not in table for c in columns):
-        raise UserError(
-            f"{FIELD}: '{path}' line 1 has no 'length' column (or input_len and output_len)"
-        )
+    columns = next((list(c) for c in choices if all(name in table for name in c)), None)
+    if columns is None:
+        wanted = " or ".join(" and ".join(f"'{n}'" for n in c) for c in choices)
+        raise UserError(f"{field}: '{path}' line 1 has no {wanted} column")
     if table.empty:
-        raise UserError(f"{FIELD}: '{path}' has no lengths (line 2 is empty)")
+        raise UserError(f"{field}: '{path}' has no lengths (line 2 is empty)")
     if len(table) > MAX_ROWS:
-        raise UserError(f"{FIELD}: '{path}' has {len(table):,} rows; at most {MAX_ROWS:,}")
+        raise UserError(f"{field}: '{path}' has {len(table):,} rows; at most {MAX_ROWS:,}")
     total = np.zeros(len(table))
     bad = np.zeros(len(table), bool)
     for col in columns:
@@ -133,13 +142,11 @@ def read_lengths(path: Path) -> DocLengths:
         row = int(np.flatnonzero(bad)[0])
         cells = ", ".join(checks.shown(table[c].iloc[row]) for c in columns)
         raise UserError(
-            f"{FIELD}: '{path}' line {row + 2}: {' + '.join(columns)} must be an integer in "
+            f"{field}: '{path}' line {row + 2}: {' + '.join(columns)} must be an integer in "
             f"1..{checks.MAX_COUNT:,} (got {cells})"
         )
     lengths, counts = np.unique(total.astype(np.int64), return_counts=True)
-    return DocLengths(
-        Path(path).name, tuple(int(v) for v in lengths), tuple(float(c) for c in counts)
-    )
+    return tuple(int(v) for v in lengths), tuple(float(c) for c in counts)
 
 
 def packed_cell(value: object) -> bool | None:
