@@ -104,6 +104,7 @@ def measure_options(flags: dict[str, Any], cpu: bool) -> MeasureOptions:
     """The measured-trial options from a command's flags (`search` and `infer` name them alike,
     so both pass their locals())."""
     from autoconfig.measure.launcher import SlurmOptions
+    from autoconfig.measure.ray_executor import RayOptions
     from autoconfig.measure.session import MeasureOptions
 
     f = flags
@@ -133,4 +134,5 @@ def measure_options(flags: dict[str, Any], cpu: bool) -> MeasureOptions:
             ranks_per_node=node or 8,
             options=pairs(f["slurm_option"], "slurm-option"),
         ),
+        ray=RayOptions(address=f.get("ray_address")),
     )

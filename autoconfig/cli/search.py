@@ -119,7 +119,12 @@ def search(
         rich_help_panel=MEASURE,
         callback=COUNT,
     ),
-    executor: Executor = typer.Option(Executor.LOCAL, rich_help_panel=MEASURE),
+    executor: Executor = typer.Option(
+        Executor.LOCAL,
+        help="where trials run: local processes, one SLURM job each, or a Ray placement group "
+        "each (pip install 'autoconfig[ray]')",
+        rich_help_panel=MEASURE,
+    ),
     device: Device = typer.Option(Device.AUTO, rich_help_panel=MEASURE),
     parallel: int = typer.Option(1, help="trials at once", rich_help_panel=MEASURE, callback=COUNT),
     steps: int = typer.Option(
@@ -145,6 +150,12 @@ def search(
     slurm_account: str = typer.Option(None, rich_help_panel=MEASURE),
     slurm_option: list[str] = typer.Option(
         None, help="extra sbatch option key=value (repeatable)", rich_help_panel=MEASURE
+    ),
+    ray_address: str = typer.Option(
+        None,
+        help="with --executor ray: the cluster's host:port (default: RAY_ADDRESS's when set, "
+        "else a local cluster started for the search)",
+        rich_help_panel=MEASURE,
     ),
 ) -> None:
     """Rank every valid parallel layout of a model on N GPUs by predicted throughput; with
@@ -186,6 +197,7 @@ def search(
     catalog.get_gpu(gpu)  # the framework was resolved by its flag's callback
     # a fixed optimizer state the framework cannot keep: one line before any work starts
     search_run.check_state(catalog.get_framework(framework.value), fixed.get("optimizer_state"))
+    search_run.check_offload(catalog.get_framework(framework.value), fixed.get("offload"))
     search_space = load_space(space) if space is not None else None  # a bad file: one line
     opts = measure_options(locals(), cpu) if measure else None
     if opts is not None:

@@ -1,7 +1,8 @@
-"""Executors of trials through submitit: `local` (submitit's local controller starts one
+"""Executors of trials: through submitit, `local` (submitit's local controller starts one
 process per rank on this machine) and `slurm` (one sbatch job per trial, ranks started by
-srun). A job handle can be rebuilt from what the study recorded, so --resume finds jobs that
-outlived the search process."""
+srun); `ray` (a placement group and one actor per rank on a Ray cluster, ray_executor.py). A
+job handle can be rebuilt from what the study recorded, so --resume finds jobs that outlived
+the search process."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import submitit
 
 from autoconfig.base.errors import UserError
+from autoconfig.measure import ray_executor
+from autoconfig.measure.ray_executor import RayOptions
 from autoconfig.measure.task import run_rank
 from autoconfig.spec.vocab import Executor
 from autoconfig.trainer.config import TrainConfig
@@ -50,6 +54,12 @@ class Job:
     started: float | None = None  # when it was first seen running (timeouts count from here)
 
     def running(self) -> bool:
+        if self.kind == "ray":
+            ray = _ray()
+            if ray_executor.alive_ranks(ray, self.job_id):
+                return True
+            ray_executor.release(ray, self.job_id)  # finished: give its resources back
+            return False
         if self.kind == "local":
             if self.handle is not None:
                 return not self.handle.done()
@@ -58,11 +68,17 @@ class Job:
         return _slurm_state(self.job_id) in SLURM_ALIVE
 
     def pending(self) -> bool:
+        if self.kind == "ray":
+            return ray_executor.pending(_ray(), self.job_id)
         return self.kind == "slurm" and _slurm_state(self.job_id) in ("PENDING", "CONFIGURING")
 
     def cancel(self, hard: bool = False) -> None:
         """Stop the job. Local ranks get SIGKILL at once: submitit's tasks treat SIGTERM as a
-        preemption notice and carry on, and a hung rank would ignore it anyway."""
+        preemption notice and carry on, and a hung rank would ignore it anyway. Ray ranks are
+        killed at once too (ray.kill), for the same reason."""
+        if self.kind == "ray":
+            ray_executor.cancel(_ray(), self.job_id)
+            return
         if self.kind == "local":
             pid = int(self.job_id)
             victims = [*_children(pid), pid]  # before the controller dies and they are orphaned
@@ -96,8 +112,10 @@ class Launcher:
         device: str,
         slurm: SlurmOptions | None = None,
         max_ranks: int | None = None,
+        ray: RayOptions | None = None,
     ) -> None:
         self.kind = kind
+        self.ray = ray or RayOptions()
         self.timeout_s = timeout_s
         self.device = device
         self.slurm = slurm or SlurmOptions()
@@ -109,7 +127,12 @@ class Launcher:
     # -- checks before anything is submitted --------------------------------------------------
     def preflight(self, worlds: list[int]) -> None:
         """With slurm: sbatch --test-only for the largest trial, so options the cluster rejects
-        are one line at the start, not a failed trial each."""
+        are one line at the start, not a failed trial each. With ray: connect, and refuse a
+        trial larger than the cluster (its placement group would wait for ever)."""
+        if self.kind == "ray":
+            ray = self._connect(max(worlds))
+            self.max_ranks = ray_executor.check_fits(ray, self.device, max(worlds))
+            return
         if self.kind != "slurm":
             return
         if shutil.which("sbatch") is None:
@@ -120,6 +143,9 @@ class Launcher:
         if done.returncode != 0:
             said = (done.stderr.strip() or done.stdout.strip()).splitlines()
             raise UserError(f"slurm: the cluster refused the job options ({' '.join(said)[:300]})")
+
+    def _connect(self, world: int = 1) -> ModuleType:
+        return ray_executor.connect(self.ray, world)
 
     def _nodes(self, world: int) -> tuple[int, int]:
         per = max(1, min(self.slurm.ranks_per_node, world))
@@ -145,9 +171,10 @@ class Launcher:
 
     # -- submission ---------------------------------------------------------------------------
     def submit(self, cfg: TrainConfig, run_dir: Path) -> Job:
-
         folder = run_dir / "submitit"
         config_path = run_dir / "config.json"
+        if self.kind == "ray":
+            return self._submit_ray(cfg, run_dir.absolute(), folder)
         executor: submitit.Executor
         try:
             if self.kind == "local":
@@ -188,10 +215,26 @@ class Launcher:
             now if self.kind == "local" else None,
         )
 
+    def _submit_ray(self, cfg: TrainConfig, run_dir: Path, folder: Path) -> Job:
+        """The trial's placement group and rank actors; the ranks get absolute paths (a Ray
+        worker does not run in the search's directory)."""
+        ray = self._connect(cfg.world)
+        try:
+            job_id = ray_executor.submit(
+                ray, run_dir / "config.json", run_dir, cfg.world, self.device
+            )
+        except Exception as exc:  # the cluster refused the group or an actor
+            raise LaunchError(" ".join(str(exc).split())[:500]) from None
+        return Job(self.kind, job_id, folder, time.time())
+
     def reattach(self, attrs: dict) -> Job | None:
         """The job a trial recorded, if it is still alive (after the search was killed)."""
         if "job_id" not in attrs or attrs.get("executor") not in Executor.values():
             return None
+        if attrs["executor"] == "ray":
+            if self.kind != "ray":  # another executor's search cannot reach the cluster
+                return None
+            self._connect()
         job = Job(
             attrs["executor"],
             str(attrs["job_id"]),
@@ -200,6 +243,11 @@ class Launcher:
         )
         job.started = attrs.get("started")
         return job if job.running() else None
+
+
+def _ray() -> ModuleType:
+    """ray, connected: a job of kind ray exists only after its launcher connected."""
+    return ray_executor.load_ray()
 
 
 def _pid_is_submitit(pid: int) -> bool:

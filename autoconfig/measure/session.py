@@ -22,7 +22,7 @@ from autoconfig.base.errors import UserError
 from autoconfig.base.folderlock import folder_lock
 from autoconfig.layout_search.result import SearchResult
 from autoconfig.measure import candidates as cand
-from autoconfig.measure import summary
+from autoconfig.measure import ray_executor, summary
 from autoconfig.measure.launcher import Launcher, SlurmOptions
 from autoconfig.measure.progress import Progress
 from autoconfig.measure.result import MeasuredSearch
@@ -64,6 +64,7 @@ class MeasureOptions:
     capacity_factor: float | None = None  # MoE trials: the experts' token capacity
     seed: int = 0
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    ray: ray_executor.RayOptions = field(default_factory=ray_executor.RayOptions)
 
 
 def resolve_device(device: str) -> str:
@@ -77,7 +78,10 @@ MAX_CANDIDATES = 1_000_000
 def check_options(opts: MeasureOptions) -> Settings:
     """Every option check that can refuse the request, before anything is built or touched."""
     Sampler.parse(opts.sampler, "sampler")
-    Executor.parse(opts.executor, "executor")
+    if Executor.parse(opts.executor, "executor") is Executor.RAY:
+        ray_executor.load_ray()  # not installed: one line before any work
+    elif opts.ray.address is not None:
+        raise UserError("ray-address: only with --executor ray")
     opts.steps = checks.integer(opts.steps, "steps", 1, MAX_STEPS)
     opts.warmup = checks.integer(opts.warmup, "warmup", 0, MAX_STEPS)
     if opts.warmup >= opts.steps:
@@ -128,7 +132,7 @@ def measure(
     measured-else-predicted ranking and the study. `what` names the candidates in messages."""
     runnable = table.runnable()
     worlds = [int(c.tp * c.pp * c.dp * c.cp) for c in runnable.itertuples()]
-    launcher = Launcher(opts.executor, settings.timeout_s, device, opts.slurm)
+    launcher = Launcher(opts.executor, settings.timeout_s, device, opts.slurm, ray=opts.ray)
     if worlds:
         launcher.preflight(worlds)
     url = storage_url(opts.out, opts.storage)
