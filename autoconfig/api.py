@@ -33,7 +33,7 @@ from autoconfig.spec import defaults, layout
 from autoconfig.spec.documents import DocLengths
 from autoconfig.spec.schema import FrameworkSpec, ModelSpec, ParallelConfig, SearchSpace
 from autoconfig.spec.task import DEFAULT_LORA_RANK, DEFAULT_LORA_TARGETS, PRETRAIN, TaskSpec
-from autoconfig.spec.vocab import Batching, Engine, OptimizerState, Task
+from autoconfig.spec.vocab import Batching, Engine, Offload, OptimizerState, Task
 
 if TYPE_CHECKING:
     from autoconfig.serve.fewest import Fewest
@@ -88,6 +88,7 @@ def estimate(
     recompute_layers: int | None = None,
     zero: int = defaults.ZERO,
     optimizer_state: str = OptimizerState.FP32.value,
+    offload: str = Offload.NONE.value,
     precision: str = defaults.PRECISION.value,
     flash_attention: bool = True,
     gpus_per_node: int | None = None,
@@ -114,10 +115,12 @@ def estimate(
     lora, qlora) says what the run trains; lora and qlora train adapters of `lora_rank` on
     `lora_targets` (qkv, attention, all) over frozen base weights (spec/task.py).
     `optimizer_state` (fp32, bf16, fp8) is the precision of the Adam state
-    (cost/optimizer.py), where the framework runs it. `doc_lengths` (a preset name such as
-    'squad', a CSV of lengths, or a DocLengths) says how long the documents of a sequence
-    are: `packed` into it (attention per document) or padded to it one a sequence
-    (spec/documents.py).
+    (cost/optimizer.py), where the framework runs it. `offload` (none, optimizer,
+    optimizer+params) is what stays in host memory, timed over the host link with the Adam
+    step on the CPU (cost/offload.py; `mem_host_gib`, `time_offload_s`). `doc_lengths` (a
+    preset name such as 'squad', a CSV of lengths, or a DocLengths) says how long the
+    documents of a sequence are: `packed` into it (attention per document) or padded to it
+    one a sequence (spec/documents.py).
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
@@ -171,6 +174,7 @@ def estimate(
             else (recompute_layers or 0),
             zero=zero,
             optimizer_state=optimizer_state,
+            offload=offload,
             gbs=gbs,
             seq_len=request.seq_len,
             precision=request.precision,
@@ -381,6 +385,9 @@ def infer(
     speculative_tokens: int | None = None,
     acceptance_rate: float | None = None,
     speculative_method: str | None = None,
+    decode_gpu: str | None = None,
+    decode_gpus: int | None = None,
+    gpu_hour_usd: float | tuple[float, ...] = (),
 ) -> ServingResult:
     """Every serving candidate on `gpus` GPUs, best first.
 
@@ -396,6 +403,12 @@ def infer(
     `speculative_tokens` K with `acceptance_rate` a: each decode step verifies K draft tokens
     and emits (1 - a^(K+1)) / (1 - a) on average; `speculative_method` eagle (default),
     eagle3, mtp or ngram sets the draft's cost (serve/features.py states the assumptions).
+
+    `decode_gpu` with `decode_gpus`: mixed pools, prefill instances on at most `gpus` GPUs of
+    `gpu` and decode instances on at most `decode_gpus` of `decode_gpu`, each role simulated on
+    its own type (serve/mixed.py); only disaggregated deployments are ranked, and
+    `result.comparison` says what each type alone serves. `gpu_hour_usd` (one price for both
+    types, or the prefill type's and the decode type's) adds goodput per USD.
 
     Static batching: every (tp, pp, batch, replicas) with its TTFT, TPOT and latency, ranked
     by throughput per GPU or latency (`objective`).
@@ -413,6 +426,13 @@ def infer(
     engine = Engine.parse(engine, "engine").value
     weights = (precision,) if isinstance(precision, str) else precision
     kvs = (kv_precision,) if isinstance(kv_precision, str) else kv_precision
+    prices = (gpu_hour_usd,) if isinstance(gpu_hour_usd, int | float) else tuple(gpu_hour_usd)
+    if decode_gpu is not None or decode_gpus is not None or prices:
+        from autoconfig.serve.mixed import check
+
+        # Before any work, and for static batching too (which has no pools to mix).
+        asked = Request(model, gpu, gpus, 0, 0, batching=kind.value, disaggregation=disaggregation)
+        check(replace(asked, decode_gpu=decode_gpu, decode_gpus=decode_gpus, gpu_hour_usd=prices))
     if kind is Batching.STATIC:
         for name, value in (
             ("prefix-hit-rate", prefix_hit_rate),
@@ -475,6 +495,9 @@ def infer(
             speculative_tokens=speculative_tokens,
             acceptance_rate=acceptance_rate,
             speculative_method=speculative_method,
+            decode_gpu=decode_gpu,
+            decode_gpus=decode_gpus,
+            gpu_hour_usd=prices,
         )
     )
 
@@ -587,7 +610,7 @@ def rl(
     prompts: int = 64,
     samples: int = 16,
     prompt_len: int = 256,
-    max_response_len: int = 4096,
+    max_response_len: int | None = None,
     mean_response_len: float | None = None,
     critic: str | ModelSpec | None = None,
     reference: bool = True,
@@ -596,18 +619,27 @@ def rl(
     top: int | None = None,
     placement: str | None = None,
     rollout_gpus: int | None = None,
+    gpu_hour_usd: float | None = None,
+    framework: str | None = None,
+    gpu_memory_utilization: float | None = None,
+    lengths: str | Path | None = None,
 ) -> RLPlans:
     """RL post-training plans for `gpus` GPUs, fastest step first: colocated, disaggregated
     and async (`staleness` steps behind) placements, each rollout tp and a small set of
     trainer layouts (autoconfig.rl). The rollout batch is `prompts` x `samples` sequences of a
-    `prompt_len` prompt and a response of at most `max_response_len` tokens averaging
-    `mean_response_len` (half the maximum when not given), drawn from an exponential
+    `prompt_len` prompt and a response of at most `max_response_len` tokens (4,096 when not
+    given) averaging `mean_response_len` (half the maximum when not given), or of the measured
+    lengths in the CSV `lengths` (`output_len` or `length` column), drawn from an exponential
     truncated at the maximum. `critic` (PPO only) is the value model, the actor's shape when
     not given. `placement` (colocated, disaggregated, async) and `rollout_gpus` (the GPUs that
-    generate when the pools are separate) narrow the plans tried. Raises UserError with one
-    line naming the bad field."""
+    generate when the pools are separate) narrow the plans tried. Every plan's table row holds
+    the GPU-hours of 1,000 steps and, with `gpu_hour_usd` (USD per GPU-hour), their cost.
+    `framework` (nemo-rl, verl, openrlhf) sets the rollout engine's share of GPU memory to
+    that framework's default, `gpu_memory_utilization` to a given share (vLLM's own default
+    when neither is given). Raises UserError with one line naming the bad field."""
+    from autoconfig.rl.frameworks import RLFramework, engine_memory_fraction
     from autoconfig.rl.job import Algorithm, Job, Placement
-    from autoconfig.rl.lengths import ResponseLengths
+    from autoconfig.rl.lengths import ResponseLengths, read_response_lengths
     from autoconfig.rl.plan import plan
     from autoconfig.spec import catalog
     from autoconfig.spec.vocab import Precision
@@ -616,17 +648,37 @@ def rl(
     for name, value in (
         ("prompts", prompts),
         ("prompt-len", prompt_len),
-        ("max-response-len", max_response_len),
         ("staleness", staleness),
     ):
         checks.integer(value, name)
+    if max_response_len is not None:
+        checks.integer(max_response_len, "max-response-len")
     spec = catalog.get_model(model) if isinstance(model, str) else model
     gpu_spec = catalog.get_gpu(gpu)
     kind = Algorithm.parse(algorithm)
     if critic is not None and not kind.has_critic:
         raise UserError(f"critic: {kind.value} trains no value model; drop --critic")
     critic_spec = catalog.get_model(critic) if isinstance(critic, str) else critic
-    mean = float(mean_response_len) if mean_response_len is not None else max_response_len / 2
+    if lengths is not None:
+        if mean_response_len is not None:
+            raise UserError(
+                "mean-response-len: the lengths file sets the mean; give one or the other"
+            )
+        drawn = read_response_lengths(Path(lengths))
+        if max_response_len is not None and drawn.max_tokens > max_response_len:
+            raise UserError(
+                f"lengths: '{lengths}' holds a {drawn.max_tokens:,.0f}-token response, above "
+                f"max-response-len {max_response_len:,}"
+            )
+    else:
+        longest = 4096 if max_response_len is None else max_response_len
+        mean = float(mean_response_len) if mean_response_len is not None else longest / 2
+        drawn = ResponseLengths(float(longest), mean)
+    share = None
+    if framework is not None:
+        share = engine_memory_fraction(RLFramework.parse(framework, "rl-framework"))
+    if gpu_memory_utilization is not None:
+        share = checks.number(gpu_memory_utilization, "gpu-memory-utilization", high=1.0)
     job = Job(
         spec,
         gpu_spec,
@@ -636,12 +688,18 @@ def rl(
         prompts,
         checks.integer(samples, "samples", low=0),  # Job.checked says why under 1
         prompt_len,
-        ResponseLengths(float(max_response_len), mean),
+        drawn,
         critic=critic_spec,
         reference=reference,
         precision=Precision.parse(precision, "precision").value,
+        engine_memory_fraction=share,
     )
     where = Placement.parse(placement) if placement is not None else None
     if rollout_gpus is not None:
         checks.integer(rollout_gpus, "rollout-gpus", low=0)  # Plan.checked says why under 1
-    return plan(job.checked(), staleness, top, where, rollout_gpus)
+    if gpu_hour_usd is not None:
+        checks.number(gpu_hour_usd, "gpu-hour-usd")
+    plans = plan(job.checked(), staleness, top, where, rollout_gpus)
+    if gpu_hour_usd is not None:
+        plans.table["usd_per_1000_steps"] = plans.table["gpu_hours_per_1000_steps"] * gpu_hour_usd
+    return plans

@@ -80,10 +80,20 @@ def infer(
         f"{fewest_gpus.DEFAULT_MAX_GPUS})",
         callback=COUNT,
     ),
+    decode_gpu: str = typer.Option(
+        None,
+        help="mixed pools: the decode pool's GPU type (the prefill pool runs on --gpu); only "
+        "disaggregated deployments are searched",
+    ),
+    decode_gpus: int = typer.Option(
+        None, help="mixed pools: the most GPUs of --decode-gpu the decode pool uses", callback=COUNT
+    ),
     gpu_hour_usd: list[float] = typer.Option(
         None,
-        help="fewest-GPU search: USD per GPU-hour, one for all --gpu types or one per type in "
-        "order (ranks the types by cost per hour; without it, by GPU count)",
+        help="USD per GPU-hour: for the fewest-GPU search one for all --gpu types or one per "
+        "type in order (ranks the types by cost per hour; without it, by GPU count); with "
+        "--decode-gpu one for both pools or the prefill type's then the decode type's "
+        "(adds requests per USD)",
         callback=AMOUNT,
     ),
     input_len: str = typer.Option(
@@ -233,6 +243,11 @@ def infer(
     slurm_partition: str = typer.Option(None, rich_help_panel=MEASURE),
     slurm_account: str = typer.Option(None, rich_help_panel=MEASURE),
     slurm_option: list[str] = typer.Option(None, rich_help_panel=MEASURE),
+    ray_address: str = typer.Option(
+        None,
+        help="with --executor ray: the cluster's host:port (default: RAY_ADDRESS's, else local)",
+        rich_help_panel=MEASURE,
+    ),
 ) -> None:
     """Find the best way to serve a model on N GPUs: with continuous batching, the deployment
     (tp, pp, ep, replicas, precisions, batch and token limits, or disaggregated prefill) that
@@ -259,15 +274,27 @@ def infer(
         )
     fewest_mode = gpus is None
     types = tuple(t.strip() for t in gpu.split(",")) if gpu else ()
+    pools = decode_gpu is not None or decode_gpus is not None
+    if pools and fewest_mode:
+        raise UserError(
+            f"{'decode-gpu' if decode_gpu is not None else 'decode-gpus'}: mixed pools need "
+            "--gpus (the prefill pool's GPUs); the fewest-GPU search takes one type per deployment"
+        )
+    if pools and measure:
+        raise UserError("measure: mixed pools (--decode-gpu) are predicted only, not measured")
     if not fewest_mode:
         if len(types) > 1:
             raise UserError(
                 "gpu: several GPU types are compared by the fewest-GPU search: leave out --gpus "
-                "and give --request-rate"
+                "and give --request-rate; for a decode pool on another type give --decode-gpu"
             )
-        for name, given in (("max-gpus", max_gpus), ("gpu-hour-usd", gpu_hour_usd)):
-            if given:
-                raise UserError(f"{name}: only for the fewest-GPU search (--gpus left out)")
+        if max_gpus:
+            raise UserError("max-gpus: only for the fewest-GPU search (--gpus left out)")
+        if gpu_hour_usd and not pools:
+            raise UserError(
+                "gpu-hour-usd: only for the fewest-GPU search (--gpus left out) or mixed pools "
+                "(--decode-gpu)"
+            )
     elif measure:
         raise UserError("measure: give --gpus (the fewest-GPU search is not measured)")
     elif batching is Batching.STATIC:
@@ -340,6 +367,9 @@ def infer(
             batches=tuple(batch) if batch else None,
             batching=batching.value,
             request_rate=request_rate,
+            decode_gpu=decode_gpu,
+            decode_gpus=decode_gpus,
+            gpu_hour_usd=tuple(gpu_hour_usd or ()),
             **shared,
         )
         defaults.announce(ctx, {"gpu": gpu})  # after the search: a refusal stays one line

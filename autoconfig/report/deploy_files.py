@@ -1,7 +1,8 @@
 """The files that deploy and benchmark the winning serving deployment: k8s.yaml, a Kubernetes
 manifest that runs the engine with the flags of `serving_flags.launch_flags` (a Deployment of one
 pod per replica and its Service; for a disaggregated winner an NVIDIA Dynamo
-DynamoGraphDeployment with its prefill and decode pools), and bench.sh, the benchmark that
+DynamoGraphDeployment with its prefill and decode pools, each pinned to its GPU type by a
+nodeSelector where the pools run on different types), and bench.sh, the benchmark that
 measures the predicted point (`vllm bench serve`; `genai-perf profile` for TensorRT-LLM).
 
 Versions followed: Kubernetes apps/v1 and core/v1 (checked against the 1.31 and later OpenAPI
@@ -25,10 +26,11 @@ import yaml
 
 from autoconfig.base.errors import UserError
 from autoconfig.base.fileio import write_text
-from autoconfig.report.serving_flags import launch_flags
+from autoconfig.report.serving_flags import PRODUCT_LABEL, launch_flags, product_label
 from autoconfig.serve.goodput import label_of
 from autoconfig.serve.result import ServingResult
 from autoconfig.serve.workload import Lengths
+from autoconfig.spec.schema import GPUSpec
 from autoconfig.spec.vocab import Arrival, Engine
 
 MODEL_VAR = "MODEL_PATH"  # launch_flags' placeholder for the checkpoint, and the env var here
@@ -85,6 +87,7 @@ class Server:
     flags: list[str]
     replicas: int
     gpus: int  # per server (pod)
+    gpu: GPUSpec | None = None  # mixed pools: the pool's GPU type, its pods pinned to it
 
 
 def deploy_texts(result: ServingResult, engine: Engine) -> dict[str, str]:
@@ -165,9 +168,19 @@ def roles(result: ServingResult, engine: Engine) -> list[Server]:
             ("prefill", prefill, row["prefill_replicas"], row["prefill_tp"] * row["prefill_pp"]),
             ("decode", decode, row["replicas"], row["tp"] * row["pp"]),
         )
-        return [Server(name, *_split(argv), int(n), int(g)) for name, argv, n, g in pools]
+        return [
+            Server(name, *_split(argv), int(n), int(g), _pool_gpu(result, name))
+            for name, argv, n, g in pools
+        ]
     (argv,) = _argvs(launch_flags(_one_replica(result), engine))
     return [Server("server", *_split(argv), int(row["replicas"]), int(row["tp"] * row["pp"]))]
+
+
+def _pool_gpu(result: ServingResult, role: str) -> GPUSpec | None:
+    """A mixed deployment's GPU type for the pool `role`; None when both share the type."""
+    if result.decode_gpu is None:
+        return None
+    return result.decode_gpu if role == "decode" else result.gpu
 
 
 def _best(result: ServingResult) -> pd.Series:
@@ -177,8 +190,9 @@ def _best(result: ServingResult) -> pd.Series:
     return row
 
 
-def _gpus_per_node(result: ServingResult) -> int:
-    return int(result.request.gpus_per_node or result.gpu.cluster.gpus_per_node)
+def _gpus_per_node(result: ServingResult, gpu: GPUSpec | None = None) -> int:
+    """GPUs per node of `gpu`'s cluster (default the result's, the prefill type's)."""
+    return int(result.request.gpus_per_node or (gpu or result.gpu).cluster.gpus_per_node)
 
 
 def _name(result: ServingResult, engine: Engine) -> str:
@@ -220,7 +234,7 @@ def manifest(result: ServingResult, engine: Engine) -> str:
     per_node = _gpus_per_node(result)
     servers = roles(result, engine)
     head = [
-        f"# {MANIFEST}: {result.model.name} on {result.request.gpus} x {result.gpu.name} with "
+        f"# {MANIFEST}: {result.model.name} on {result.hardware()} with "
         f"{engine.value}, the deployment autoconfig predicted:",
         f"#   {label_of(row)}",
         f"#   at {_predicted(result)}.",
@@ -238,6 +252,17 @@ def manifest(result: ServingResult, engine: Engine) -> str:
             f"# operator serves it as the Service {_name(result, engine)}-frontend, port "
             f"{_DYNAMO_PORT}.",
         ]
+        if result.mixed:
+            head += [
+                "# Each pool runs on its own GPU type: its pods select nodes by the label",
+                f"# {PRODUCT_LABEL} that NVIDIA's GPU Feature Discovery sets; check the values",
+                f"# with `kubectl get nodes -L {PRODUCT_LABEL}`:",
+                *(
+                    f"#   {s.name}: {s.gpu.name} ({PRODUCT_LABEL}={product_label(s.gpu)})"
+                    for s in servers
+                    if s.gpu is not None
+                ),
+            ]
     else:
         (server,) = servers
         docs = _colocated(result, engine, server)
@@ -372,12 +397,20 @@ def _dynamo(
         }
     ]
     for server in servers:
+        node = _gpus_per_node(result, server.gpu) if server.gpu is not None else per_node
+        # mixed pools: the pool's pods only on nodes of its GPU type
+        placement = (
+            {"nodeSelector": {PRODUCT_LABEL: product_label(server.gpu)}}
+            if server.gpu is not None
+            else {}
+        )
         component: dict[str, Any] = {
             "name": server.name,
             "type": server.name,
             "replicas": server.replicas,
             "podTemplate": {
                 "spec": {
+                    **placement,
                     # No /dev/shm volume: Dynamo's own templates declare none, leaving shared
                     # memory to the operator.
                     "containers": [
@@ -389,14 +422,14 @@ def _dynamo(
                             "args": dynamo_args(engine, server),
                             **_env(),
                             # per pod: a worker wider than a node spans nodeCount pods
-                            "resources": {"limits": {"nvidia.com/gpu": min(server.gpus, per_node)}},
+                            "resources": {"limits": {"nvidia.com/gpu": min(server.gpus, node)}},
                         }
-                    ]
+                    ],
                 }
             },
         }
-        if server.gpus > per_node:  # as Dynamo's profiler sets it (set_multinode_config)
-            component["multinode"] = {"nodeCount": math.ceil(server.gpus / per_node)}
+        if server.gpus > node:  # as Dynamo's profiler sets it (set_multinode_config)
+            component["multinode"] = {"nodeCount": math.ceil(server.gpus / node)}
         components.append(component)
     return {
         "apiVersion": DYNAMO_API,
@@ -601,7 +634,7 @@ def bench_script(result: ServingResult, engine: Engine) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# Measures the point autoconfig predicted for {result.model.name} on "
-        f"{result.request.gpus} x {result.gpu.name} with {engine.value}:",
+        f"{result.hardware()} with {engine.value}:",
         f"#   {label_of(_best(result))}",
         f"#   {_predicted(result)}",
         f"#   (limits at p{result.request.percentile:g}: {budget or 'none'}),",

@@ -101,16 +101,19 @@ def continuous_cells(row: pd.Series, percentile: float) -> dict[str, str]:
         bound = "≥ " if bool(row.get("goodput_at_ladder_top", False)) else ""
         return "-" if pd.isna(value) else f"{bound}{value:{fmt}}"
 
+    mixed = _is_mixed(row)
     if row.get("mode") == "disaggregated":
+        # mixed pools: each pool's GPU type before its layout
+        p_gpu, d_gpu = (f"{row['prefill_gpu']} ", f"{row['decode_gpu']} ") if mixed else ("", "")
         prefill = f"tp{int(row['prefill_tp'])} pp{int(row['prefill_pp'])}"
         layout = (
-            f"P {prefill} x{int(row['prefill_replicas'])}"
-            f" + D tp{int(row['tp'])} pp{int(row['pp'])} x{int(row['replicas'])}"
+            f"P {p_gpu}{prefill} x{int(row['prefill_replicas'])}"
+            f" + D {d_gpu}tp{int(row['tp'])} pp{int(row['pp'])} x{int(row['replicas'])}"
         )
     else:
         ep = f" ep{int(row['ep'])}" if int(row.get("ep", 1)) > 1 else ""
         layout = f"tp{int(row['tp'])} pp{int(row['pp'])}{ep} x{int(row['replicas'])}"
-    return {
+    cells = {
         "#": "-" if pd.isna(rank) else str(rank),
         "deployment": layout,
         "precision": f"{row['precision']}/{row['kv_precision']}",
@@ -127,6 +130,21 @@ def continuous_cells(row: pd.Series, percentile: float) -> dict[str, str]:
         else f"{row['pred_output_tokens_per_s_per_gpu']:,.0f}",
         "KV GiB/GPU": f"{row['kv_cache_gib']:.1f}",
     }
+    if mixed:
+        # goodput per GPU above is over both budgets; what the deployment leaves unused:
+        cells["spare GPUs P/D"] = (
+            f"{int(row['spare_prefill_gpus'])}/{int(row['spare_decode_gpus'])}"
+        )
+        per_usd = row.get("goodput_requests_per_usd")
+        if per_usd is not None and not pd.isna(per_usd):
+            cells["requests per USD"] = f"{per_usd:,.0f}"
+    return cells
+
+
+def _is_mixed(row: pd.Series) -> bool:
+    """Whether the row is a mixed-pools deployment (each pool on its own GPU type)."""
+    gpu = row.get("decode_gpu")
+    return isinstance(gpu, str) and bool(gpu)
 
 
 def _both_modes_tried(result: ServingResult) -> bool:
@@ -139,7 +157,10 @@ def _both_modes_tried(result: ServingResult) -> bool:
 def mode_comparison(result: ServingResult) -> str | None:
     """One line comparing the best colocated and the best disaggregated deployment that meet
     the limits: goodput per GPU, TTFT and TPOT at the percentile, and which takes more
-    requests/s per GPU by how much. None when disaggregation was not tried."""
+    requests/s per GPU by how much. None when disaggregation was not tried. Mixed pools: each
+    GPU type alone against the mixed pools (serve/mixed.py)."""
+    if result.mixed:
+        return result.comparison or None
     if not _both_modes_tried(result):
         return None
     out = result.table
@@ -198,6 +219,15 @@ def limits_text(budget: dict[str, float], none: str) -> str:
     return ", ".join(parts) or none
 
 
+def _gpus_text(a: dict) -> str:
+    """The GPUs of a result's context: N x type, or each pool's count and type."""
+    if a.get("decode_gpu"):
+        return (
+            f"{a['gpus']} x {a['gpu']} (prefill) + {a['decode_gpus']} x {a['decode_gpu']} (decode)"
+        )
+    return f"{a['gpus']} x {a['gpu']}"
+
+
 def _title(a: dict) -> str:
     if a.get("batching") == "continuous":
         budget = limits_text(a["budget"], "no limits")
@@ -207,7 +237,7 @@ def _title(a: dict) -> str:
             else "most requests/s (goodput)"
         )
         return (
-            f"{a['model']} on {a['gpus']} x {a['gpu']}, continuous batching: {rate} within "
+            f"{a['model']} on {_gpus_text(a)}, continuous batching: {rate} within "
             f"{budget} at p{a['percentile']:g}"
         )
     budget = limits_text(a["budget"], "no budget")
@@ -242,11 +272,22 @@ def terminal_view(result: ServingResult, top: int) -> Group:
     if percentile is not None:
         fits = int(out["fits"].astype(bool).sum())
         simulated = int(out["simulated"].astype(bool).sum())
+        counted = (
+            f"{a['candidates']:,} candidates: {fits:,} fit in memory, {simulated:,} simulated "
+            f"at a ladder of request rates, {a['feasible']:,} meet the limits"
+        )
+        if result.mixed:
+            counted = (
+                f"{a['candidates']:,} pairings of a prefill layout on {a['gpu']} with a decode "
+                f"layout on {a['decode_gpu']} (one K/V format), each role simulated on its own "
+                f"type, {a['feasible']:,} meet the limits; goodput per GPU over all "
+                f"{result.request.gpus + int(result.request.decode_gpus or 0):,} GPUs, the spare "
+                "ones included"
+            )
         lines = [
             f"workload: {a['workload']} (change with --input-len/--output-len, "
             "--workload or --requests)",
-            f"{a['candidates']:,} candidates: {fits:,} fit in memory, {simulated:,} simulated "
-            f"at a ladder of request rates, {a['feasible']:,} meet the limits",
+            counted,
             f"serving constants: {a['constants']}",
         ]
         if rows.get("goodput_at_ladder_top", pd.Series(dtype=bool)).astype(bool).any():
@@ -571,7 +612,12 @@ def _render_continuous(
     percentile = float(a["percentile"])
     inputs = {
         "model": a["model"],
-        "GPUs": f"{a['gpus']} x {a['gpu']}",
+        "GPUs": _gpus_text(a),
+        **(
+            {"USD per GPU-hour": ", ".join(f"{p:g}" for p in result.request.gpu_hour_usd)}
+            if result.mixed and result.request.gpu_hour_usd
+            else {}
+        ),
         "workload": a["workload"],
         "limits": limits_text(result.budget, "none"),
         "percentile": f"p{percentile:g}",
@@ -586,8 +632,9 @@ def _render_continuous(
     shown = _shown(result, top)
     rows = [list(row_cells(r, percentile).values()) for _, r in shown.iterrows()]
     head = list(row_cells(result.table.iloc[0], percentile).keys())
+    where = _gpus_text(a) if result.mixed else f"{a['gpus']} GPUs"
     parts = [
-        f"<h1>autoconfig serving: {html.escape(a['model'])} on {a['gpus']} GPUs</h1>",
+        f"<h1>autoconfig serving: {html.escape(a['model'])} on {where}</h1>",
         "<table id='inputs'>"
         + "".join(f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in inputs.items())
         + "</table>",
@@ -631,7 +678,8 @@ def write(
     best: dict[str, object] = {"inputs": result.context(), "best": plain_row(result.best)}
     comparison = mode_comparison(result)
     if comparison is not None:
-        best["colocated_vs_disaggregated"] = comparison
+        key = "each_type_vs_mixed" if result.mixed else "colocated_vs_disaggregated"
+        best[key] = comparison
     if measured is not None:  # the trials by class, as the search's best.json has them
         best["measured"] = measured.summary()
     if answer:

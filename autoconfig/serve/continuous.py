@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from autoconfig.serve import goodput
+from autoconfig.serve import goodput, mixed
 from autoconfig.serve.disaggregate import disaggregated
 from autoconfig.serve.request import Request
 from autoconfig.serve.result import ServingResult
@@ -18,7 +18,9 @@ from autoconfig.spec import catalog
 def search(req: Request) -> ServingResult:
     """Every continuous-batching candidate with its analytic figures; the most promising
     simulated at a ladder of rates; ranked by goodput per GPU (or, with a request rate, those
-    that meet the SLOs at it first)."""
+    that meet the SLOs at it first). With a decode GPU type, the mixed pools (serve/mixed.py)."""
+    if req.decode_gpu is not None or req.decode_gpus is not None or req.gpu_hour_usd:
+        return mixed.search(req)
     part = goodput.colocated(req)
     # The workload simulated (the typical chat turn may have been cut to the model's context):
     # the result, its report and a measured search see that one.

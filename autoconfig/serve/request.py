@@ -1,7 +1,7 @@
 """A serving question: the model, GPUs and workload, the latency/throughput budget (SLOs at a
 percentile), the objective, and which engine settings to try (static batch sizes, or for
 continuous batching the running-batch and per-iteration token limits, precisions, expert
-parallelism, disaggregated prefill)."""
+parallelism, disaggregated prefill, and a decode pool on a GPU type of its own)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,13 @@ class Request:
     speculative_tokens: int | None = None
     acceptance_rate: float | None = None
     speculative_method: str | None = None
+    # Mixed pools (serve/mixed.py): the decode pool on `decode_gpus` GPUs of `decode_gpu`, the
+    # prefill pool on `gpus` of `gpu`; USD per GPU-hour, one for both types or (prefill, decode)
+    decode_gpu: str | None = None
+    decode_gpus: int | None = None
+    gpu_hour_usd: tuple[float, ...] = ()
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the prefill and decode pools run on GPU types of their own."""
+        return self.decode_gpu is not None

@@ -22,6 +22,20 @@ class ServingResult:
     closest: str = ""  # when none meets the budget: the nearest miss and by how much
     workload: str = ""  # continuous batching: the workload simulated, in words
     features: str = ""  # prefix caching / speculative decoding assumed, in words (or "")
+    decode_gpu: GPUSpec | None = None  # mixed pools: the decode pool's type (`gpu` prefills)
+    comparison: str = ""  # mixed pools: each type alone against the mixed pools, in words
+
+    @property
+    def mixed(self) -> bool:
+        return self.decode_gpu is not None
+
+    def hardware(self) -> str:
+        """The GPUs in words: '16 x h100-sxm-80gb', or each pool's count and type."""
+        r = self.request
+        if self.decode_gpu is None:
+            return f"{r.gpus} x {self.gpu.name}"
+        decode = f"{r.decode_gpus} x {self.decode_gpu.name}"
+        return f"{r.gpus} x {self.gpu.name} (prefill) + {decode} (decode)"
 
     @property
     def candidates(self) -> int:
@@ -56,4 +70,13 @@ class ServingResult:
             "constants": self.constants,
             "closest": self.closest,
             **({"features": self.features} if self.features else {}),
+            **(
+                {
+                    "decode_gpu": self.decode_gpu.name,
+                    "decode_gpus": r.decode_gpus,
+                    "gpu_hour_usd": list(r.gpu_hour_usd),
+                }
+                if self.decode_gpu is not None
+                else {}
+            ),
         }
