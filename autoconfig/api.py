@@ -387,7 +387,7 @@ def infer(
     speculative_method: str | None = None,
     decode_gpu: str | None = None,
     decode_gpus: int | None = None,
-    gpu_hour_usd: float | tuple[float, ...] = (),
+    gpu_hour_usd: float | tuple[float, ...] | None = (),
 ) -> ServingResult:
     """Every serving candidate on `gpus` GPUs, best first.
 
@@ -426,7 +426,14 @@ def infer(
     engine = Engine.parse(engine, "engine").value
     weights = (precision,) if isinstance(precision, str) else precision
     kvs = (kv_precision,) if isinstance(kv_precision, str) else kv_precision
-    prices = (gpu_hour_usd,) if isinstance(gpu_hour_usd, int | float) else tuple(gpu_hour_usd)
+    if gpu_hour_usd is None:
+        prices: tuple[float, ...] = ()
+    elif isinstance(gpu_hour_usd, int | float | str):
+        prices = (checks.number(gpu_hour_usd, "gpu-hour-usd"),)
+    else:
+        prices = tuple(checks.number(p, "gpu-hour-usd") for p in gpu_hour_usd)
+    if decode_gpus is not None:
+        decode_gpus = checks.integer(decode_gpus, "decode-gpus")
     if decode_gpu is not None or decode_gpus is not None or prices:
         from autoconfig.serve.mixed import check
 

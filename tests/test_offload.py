@@ -230,3 +230,24 @@ def test_rl_reads_the_shared_host_link_figures() -> None:
 def test_the_bundled_trainer_refuses_offload() -> None:
     done = run("train", "--model", "tiny-llama", "--device", "cpu", "--offload", "optimizer")
     assert_user_error(done, "offload:", "on the device")
+
+
+def test_gradients_reduced_every_micro_batch_go_down_every_micro_batch() -> None:
+    """FSDP2 and ZeRO-2 copy each micro-batch's reduced gradients to the host: m copies, each
+    exposed beyond its own backward; a step reducing once copies once."""
+    from types import SimpleNamespace
+
+    x = SimpleNamespace(
+        host_link_bytes_s=np.array([25e9]), host_dram_bytes_s=np.array([40e9]),
+        offload=np.array([1.0]), offload_upload_bytes=np.array([4.0]),
+        offload_overlap=np.array([0.0]),  # serial: every copy on the critical path
+    )  # fmt: skip
+    once = offload.step_seconds(x, 1e9, 0.0, 4.0, 0.0, 0.0, downs=1.0)
+    every = offload.step_seconds(x, 1e9, 0.0, 4.0, 0.0, 0.0, downs=4.0)
+    down = offload.GRAD_DOWN_BYTES * 1e9 / 25e9
+    assert every - once == pytest.approx(3 * down)
+    x.offload_overlap = np.array([2.0])  # with the backward: what exceeds each backward shows
+    hidden = offload.step_seconds(x, 1e9, 0.0, 4.0, 0.0, 0.1, downs=4.0)
+    assert hidden - offload.step_seconds(x, 1e9, 0.0, 4.0, 0.0, 0.1, downs=1.0) == (
+        pytest.approx(3 * (down - 0.1))
+    )

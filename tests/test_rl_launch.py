@@ -90,6 +90,9 @@ def test_verl_colocated_and_one_step_off(plans):
     train = int(a["trainer.nnodes"]) * int(a["trainer.n_gpus_per_node"])
     assert (rollout, train) == (plan.rollout_gpus, plan.train_gpus)
     assert a["actor_rollout_ref.rollout.n"] == "16"
+    # verl refuses to start without a micro-batch size or a token budget
+    assert a["actor_rollout_ref.actor.use_dynamic_bsz"] == "True"
+    assert int(a["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]) >= 256 + 4096
     assert a["actor_rollout_ref.rollout.tensor_model_parallel_size"] == str(plan.rollout_tp)
 
 
@@ -171,7 +174,7 @@ def test_bad_memory_share_names_the_field(bad):
 
 
 def test_unknown_framework_names_the_allowed():
-    with pytest.raises(UserError, match="rl-framework: unknown RL framework 'trl'; allowed"):
+    with pytest.raises(UserError, match="rl-framework: must be nemo-rl, verl or openrlhf"):
         api.rl("qwen3-32b", 64, "h100-sxm-80gb", framework="trl")
 
 
@@ -194,8 +197,8 @@ def test_cli_emits_the_fastest_plan_the_framework_runs_and_prices_the_steps():
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [
-        (("--emit", "trl"), ("emit: unknown RL framework", "allowed: nemo-rl")),
-        (("--rl-framework", "trl"), ("rl-framework:", "allowed: nemo-rl")),
+        (("--emit", "trl"), ("emit: must be nemo-rl, verl or openrlhf", "'trl'")),
+        (("--rl-framework", "trl"), ("rl-framework: must be nemo-rl",)),
         (("--gpu-memory-utilization", "2"), ("gpu-memory-utilization",)),
         (("--gpu-hour-usd", "-3"), ("gpu-hour-usd",)),
         (("--emit", "verl", "--emit-rank", "99"), ("emit-rank", "ranked 1 to")),

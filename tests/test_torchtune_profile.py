@@ -81,3 +81,12 @@ def test_emit_picks_the_recipe(dp: int, task: Task, head: str) -> None:
 def test_emit_refuses_ddp() -> None:
     with pytest.raises(Exception, match="zero 0 runs on one GPU only"):
         exports.export("torchtune", _row(8, 0), 32, 128, 2048, "bf16")
+
+
+def test_emit_spans_nodes_and_fuses_the_offloaded_optimizer() -> None:
+    row = _row(16, 3, offload="optimizer+params")
+    text = exports.export("torchtune", row, 80, 32, 2048, "bf16", task=TaskSpec(task=Task.SFT))
+    assert text.startswith("tune run --nnodes 2 --nproc_per_node 8 full_finetune_distributed")
+    assert "fsdp_cpu_offload=True" in text and "optimizer.fused=True" in text
+    with pytest.raises(Exception, match="do not fill whole nodes of 8"):
+        exports.export("torchtune", _row(12, 3), 80, 24, 2048, "bf16")

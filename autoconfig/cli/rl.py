@@ -75,7 +75,7 @@ def rl(
         "share of GPU memory (default: --emit's framework, else vLLM's own default)",
     ),
     gpu_memory_utilization: float = typer.Option(
-        None, help="the rollout engine's share of each GPU's memory (0.05-1), over --framework"
+        None, help="the rollout engine's share of each GPU's memory (0.05-1), over --rl-framework"
     ),
     gpu_hour_usd: float = typer.Option(
         None, help="USD per GPU-hour: each plan's cost of 1,000 steps"

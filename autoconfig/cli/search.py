@@ -256,6 +256,7 @@ def search(
             exports.export(
                 emit, result.best, r.model.layers, r.gbs, r.seq_len, r.precision,
                 experts=r.model.num_experts, mtp=r.model.mtp_layers, task=r.task,
+                gpus_per_node=r.cluster.gpus_per_node,
             )
         )  # fmt: skip
     if not result.feasible:

@@ -9,7 +9,9 @@ Host link (what pinned-memory copies reach, per GPU, one direction):
   specifications; NVIDIA HGX A100/H100/B200 datasheets). Copies reach about 80% of the link
   (an assumption, range 70-85%: the protocol's packet overhead and DMA engines).
 - Grace NVLink-C2C (GH200, GB200, GB300): 900 GB/s both ways, 450 one way, ~360 effective at the
-  same 80% (NVIDIA Grace Hopper and GB200 NVL72 datasheets).
+  same 80% (NVIDIA Grace Hopper and GB200 NVL72 datasheets). The GB200 datasheet gives the 900
+  per superchip, one Grace and two GPUs: taken here per GPU, an upper bound (half of it when
+  both GPUs copy at once).
 
 Host DRAM (the memory-bound CPU Adam step of an offloaded optimizer, cost.offload):
 - DGX A100: 2 x AMD EPYC 7742, 8 channels of DDR4-3200 each: 2 x 204.8 = 409.6 GB/s for 8
@@ -52,6 +54,7 @@ HOST_DRAM_GB_S = {
     "cdna4": 115.2,
 }
 GRACE_HOST_DRAM_GB_S = 256.0  # one Grace's 512 GB/s over its two GPUs (GB200, GB300)
+GH200_HOST_DRAM_GB_S = 512.0  # one Grace per GPU
 DEFAULT_HOST_DRAM_GB_S = 51.2  # an unlisted chip: a DDR4-3200 dual-socket node over 8 GPUs
 HOST_DRAM_EFFICIENCY = 0.75  # STREAM-like share of the peak a CPU streaming kernel reaches
 
@@ -70,7 +73,9 @@ def host_link_gb_s(gpu_name: str, chip: str) -> float:
 
 def host_dram_gb_s(gpu_name: str, chip: str) -> float:
     """Host DRAM bandwidth one GPU's share of the CPUs reaches (GB/s, effective)."""
-    if is_grace(gpu_name):
+    if gpu_name.startswith("gh200"):
+        peak = GH200_HOST_DRAM_GB_S
+    elif is_grace(gpu_name):
         peak = GRACE_HOST_DRAM_GB_S
     else:
         peak = HOST_DRAM_GB_S.get(chip, DEFAULT_HOST_DRAM_GB_S)

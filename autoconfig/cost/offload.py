@@ -14,10 +14,12 @@ What moves (per GPU, the rank's own shard: offload needs ZeRO >= 1, parameter of
   and backward stays on the GPU (cost.memory's ZeRO-3 transient).
 
 Seconds per step (P: the parameters of the rank's optimizer shard; W: of its weight shard):
-- gradients down: GRAD_DOWN_BYTES x P over the host link. Megatron's main_grad is fp32
-  (decoupled_grad copied into an fp32 pinned buffer); DeepSpeed casts each gradient to its fp32
-  master dtype on the GPU before the copy (async_inplace_copy_grad_to_fp32_buffer_from_gpu);
-  FSDP2 reduce-scatters torchtitan's gradients in fp32 and copies the shard down.
+- gradients down: GRAD_DOWN_BYTES x P over the host link, once a step, or once a micro-batch
+  where the framework reduces them in every backward (FSDP2, DeepSpeed ZeRO-2 and -3).
+  Megatron's main_grad is fp32 (decoupled_grad copied into an fp32 pinned buffer); DeepSpeed
+  casts each gradient to its fp32 master dtype on the GPU before the copy
+  (async_inplace_copy_grad_to_fp32_buffer_from_gpu); FSDP2 reduce-scatters torchtitan's
+  gradients in fp32 and copies the shard down.
 - the CPU Adam step: ADAM_HOST_BYTES x P through host DRAM at the GPU's share of it
   (cost.host). Adam over fp32 state is memory-bound on a CPU: parameter, first and second
   moment each read and written (24 bytes) and the fp32 gradient read (4). Its arithmetic, ~15
@@ -86,22 +88,29 @@ def gpu_and_host(x: CostInputs, weights: Col, grads: Col, optim: Col) -> tuple[C
 
 
 def step_seconds(
-    x: CostInputs, optimizer_params: Col, weight_params: Col, m: Col, forward: Col, backward: Col
+    x: CostInputs,
+    optimizer_params: Col,
+    weight_params: Col,
+    m: Col,
+    forward: Col,
+    backward: Col,
+    downs: Col | float = 1.0,
 ) -> Col:
     """Seconds a step spends on offload beyond the GPU's own work: `optimizer_params` the
     parameters of the rank's optimizer shard, `weight_params` of its weight shard, `m`
     micro-batches, `forward` and `backward` one micro-batch's stage compute (what the copies
-    hide behind)."""
+    hide behind), `downs` the times a step copies the gradients down (m where they are reduced
+    in every micro-batch's backward, each copy behind its own backward; 1 otherwise)."""
     link, dram = x.host_link_bytes_s, x.host_dram_bytes_s
     params_off = x.offload >= PARAMS_OFFLOAD
     down = GRAD_DOWN_BYTES * optimizer_params / link
     cpu = ADAM_HOST_BYTES * optimizer_params / dram
     up = np.where(params_off, 0.0, x.offload_upload_bytes * optimizer_params / link)
     gather = np.where(params_off, x.offload_upload_bytes * weight_params / link, 0.0)
-    serial = down + cpu + up + 2.0 * m * gather
-    pipelined = np.maximum(np.maximum(down, cpu), up) + 2.0 * m * gather
+    serial = downs * down + cpu + up + 2.0 * m * gather
+    pipelined = np.maximum(np.maximum(downs * down, cpu), up) + 2.0 * m * gather
     hidden = (
-        np.maximum(down - backward, 0.0)
+        downs * np.maximum(down - backward, 0.0)
         + cpu
         + up
         + m * (np.maximum(gather - forward, 0.0) + np.maximum(gather - backward, 0.0))

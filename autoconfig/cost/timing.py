@@ -679,4 +679,8 @@ def _offload(x: CostInputs, p: StageParams, m: Col, forward: Col, backward: Col)
     weight_params = p.busiest_dense / size + p.busiest_expert / expert_size
     if finetune.any_frozen(x):
         weight_params = weight_params + p.busiest_adapter / size
-    return offload.step_seconds(x, optimizer_params, weight_params, m, forward, backward)
+    # gradients reduced in every micro-batch's backward go down to the host each time (FSDP2's
+    # CPUOffloadPolicy after each reduce-scatter; DeepSpeed's ZeRO-2 into its host buffer)
+    every = ((x.zero >= 3) | _reduces_every_micro_batch(x)) & (x.pp <= 1)
+    downs = np.where(every, m, 1.0)
+    return offload.step_seconds(x, optimizer_params, weight_params, m, forward, backward, downs)

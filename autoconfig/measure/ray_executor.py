@@ -34,7 +34,9 @@ from autoconfig.base.errors import UserError
 
 NAMESPACE = "autoconfig"  # the search's actors and placement groups, apart from other drivers'
 INSTALL_HINT = "executor: ray is not installed; pip install 'autoconfig[ray]'"
-RENDEZVOUS = "rendezvous.json"  # rank 0's address and port, read by the other ranks
+# rank 0's address and port, read by the other ranks: one file per job id, so a trial
+# submitted again into the same folder never reads an earlier attempt's address
+RENDEZVOUS = "rendezvous-{job_id}.json"
 RENDEZVOUS_WAIT_S = 600.0  # a rank 0 that never publishes: the trial limit usually ends it first
 CONNECT_PROBE_S = 5.0  # ray.init retries an address that does not answer for many minutes
 # Ray itself lets a worker see only its own GPU; NCCL's peer-to-peer paths need every GPU of
@@ -313,7 +315,7 @@ def _local_rank(ray: ModuleType, rank: int) -> tuple[int, int]:
 def _rendezvous(ray: ModuleType, run_dir: Path, rank: int, job_id: str) -> tuple[str, int]:
     """Rank 0 takes a free port on its node and publishes it with its address; the others
     wait for it (and give up at once when rank 0 is gone)."""
-    path = run_dir / RENDEZVOUS
+    path = run_dir / RENDEZVOUS.format(job_id=job_id)
     if rank == 0:
         with socket.socket() as probe:
             probe.bind(("", 0))

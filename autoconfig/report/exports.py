@@ -217,10 +217,12 @@ def export(
     experts: int = 0,
     mtp: int = 0,
     task: TaskSpec = PRETRAIN,
+    gpus_per_node: int = 8,
 ) -> str:
     """The launch settings as text the framework reads, for the layout in `row` of a model of
     `layers` layers, `experts` routed experts and `mtp` multi-token-prediction layers, training
-    `task` (spec.task: its fine-tuning settings follow the layout's)."""
+    `task` (spec.task: its fine-tuning settings follow the layout's), on nodes of
+    `gpus_per_node` GPUs (where the launch line names them)."""
     framework = Framework.parse(framework, "emit")
     ctx = context(row, layers, gbs, seq_len, precision, experts, mtp)
     settings = lines(framework, row, ctx) + task_settings(framework, task)
@@ -234,7 +236,7 @@ def export(
     if framework is Framework.DEEPSPEED:
         return "\n".join([*task_comments(framework, task), " \\\n  ".join(settings)])
     if framework is Framework.TORCHTUNE:
-        return torchtune_command(row, task, settings)
+        return torchtune_command(row, task, settings, gpus_per_node)
     return " \\\n  ".join(settings)
 
 
@@ -357,10 +359,13 @@ def torchtune_recipe(task: TaskSpec) -> str:
     )
 
 
-def torchtune_command(row: Mapping[str, Any], task: TaskSpec, settings: list[str]) -> str:
+def torchtune_command(
+    row: Mapping[str, Any], task: TaskSpec, settings: list[str], gpus_per_node: int = 8
+) -> str:
     """`tune run` with the recipe the task and GPU count need (torchtune 0.6.1: the
     single-device recipes on one GPU, else the FSDP2 distributed ones; QLoRA is the LoRA recipe
-    with a qlora_* model builder) and the layout's overrides."""
+    with a qlora_* model builder), on as many nodes of `gpus_per_node` as the GPUs fill (tune
+    run passes --nnodes and --nproc_per_node to torchrun), with the layout's overrides."""
     gpus = int(layout.plain(row)["dp"])
     if gpus > 1 and int(layout.plain(row)["zero"]) == 0:
         raise UserError(
@@ -372,8 +377,22 @@ def torchtune_command(row: Mapping[str, Any], task: TaskSpec, settings: list[str
     recipe = f"{kind}_finetune_{where}" if task.adapters else f"{kind}_{where}"
     builder = {Task.QLORA: "qlora", Task.LORA: "lora"}.get(task.task, "full")
     config = f"<model>_{builder}" + ("_single_device" if gpus == 1 else "")
-    launch = f"tune run --nproc_per_node {gpus} {recipe}" if gpus > 1 else f"tune run {recipe}"
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise UserError(
+            f"emit: {gpus} GPUs do not fill whole nodes of {gpus_per_node}; torchtune starts "
+            "the same number of ranks on every node"
+        )
+    nodes, per_node = (gpus // gpus_per_node, gpus_per_node) if gpus > gpus_per_node else (1, gpus)
+    where_run = (
+        f"--nnodes {nodes} --nproc_per_node {per_node}"
+        if nodes > 1
+        else (f"--nproc_per_node {per_node}")
+    )
+    launch = f"tune run {where_run} {recipe}" if gpus > 1 else f"tune run {recipe}"
     overrides = list(settings)
+    if "fsdp_cpu_offload=True" in overrides:
+        # the host step the cost model times is a fused AdamW; 70B_full.yaml ships fused False
+        overrides.append("optimizer.fused=True")
     if task.adapters:
         overrides += [
             f"model.lora_rank={task.lora_rank}",

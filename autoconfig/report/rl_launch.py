@@ -29,12 +29,19 @@ from autoconfig.rl.plan import RLPlans
 from autoconfig.rl.step import StepEstimate
 
 MODEL_VAR = "MODEL_PATH"  # the checkpoint: an environment variable the user sets
+VERL_TOKENS_PER_GPU = 16384  # verl 0.9.1 actor.ppo_max_token_len_per_gpu default
 
 
 def _nodes(gpus: int, per_node: int) -> tuple[int, int]:
-    """(nodes, GPUs per node) of a pool: whole nodes, or part of one."""
+    """(nodes, GPUs per node) of a pool: whole nodes, or part of one; a pool over several nodes
+    that does not fill them is refused (the frameworks start as many ranks on every node)."""
     if gpus <= per_node:
         return 1, gpus
+    if gpus % per_node:
+        raise UserError(
+            f"emit: a pool of {gpus} GPUs does not fill whole nodes of {per_node}; the "
+            "frameworks place the same number of GPUs on every node"
+        )
     return gpus // per_node, per_node
 
 
@@ -94,6 +101,12 @@ def _share(job: Job) -> str:
     return f"{engine_memory_fraction(None) if share is None else share:g}"
 
 
+def _token_budget(job: Job) -> int:
+    """verl's per-GPU token budget of a packed micro-batch: its default 16,384, or one whole
+    sequence when that is longer."""
+    return max(VERL_TOKENS_PER_GPU, job.prompt_tokens + int(job.lengths.max_tokens))
+
+
 def _recomputes(step: StepEstimate) -> str:
     return str(step.update.recompute == "full").lower()
 
@@ -125,6 +138,11 @@ def _verl(job: Job, step: StepEstimate) -> tuple[str, list[str]]:
         f"actor_rollout_ref.model.path=${MODEL_VAR}",
         # one policy update per step, as the plan was timed
         f"actor_rollout_ref.actor.ppo_mini_batch_size={job.prompts}",
+        # micro-batches packed to a token budget (verl requires a micro-batch size or this):
+        # at least one whole sequence, verl's default budget otherwise; the reference's and the
+        # rollout's log-prob passes and the critic follow the actor's setting
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={_token_budget(job)}",
         f"actor_rollout_ref.actor.use_kl_loss={str(job.reference).lower()}",
         f"{megatron}.tensor_model_parallel_size={lay.tp}",
         f"{megatron}.pipeline_model_parallel_size={lay.pp}",
@@ -143,6 +161,7 @@ def _verl(job: Job, step: StepEstimate) -> tuple[str, list[str]]:
         ]
     if job.algorithm.has_critic:
         out += [
+            f"critic.ppo_max_token_len_per_gpu={_token_budget(job)}",
             f"critic.model.path=${MODEL_VAR}",
             f"critic.megatron.tensor_model_parallel_size={lay.tp}",
             f"critic.megatron.pipeline_model_parallel_size={lay.pp}",
@@ -197,7 +216,9 @@ def _openrlhf(job: Job, step: StepEstimate) -> list[str]:
         f"--data.max_len {job.prompt_tokens + int(job.lengths.max_tokens)}",
         f"--train.batch_size {job.sequences}",
         f"--algo.advantage.estimator {estimator[job.algorithm]}",
-        "--ds.zero_stage 3",
+        # ZeRO-3 shards the weights; DeepSpeed's tensor-parallel training (AutoTP) combines
+        # with ZeRO 1 and 2 only
+        f"--ds.zero_stage {3 if lay.tp == 1 else 2}",
         f"--ds.tensor_parallel_size {lay.tp}",
         f"--ds.ring_attn_size {lay.cp}",
         "--ds.packing_samples",
@@ -229,7 +250,7 @@ def launch_line(plans: RLPlans, framework: RLFramework | str, rank: int = 1) -> 
     """The shell command that runs plan `rank` (1 = the fastest) with `framework`; the
     checkpoint is read from $MODEL_PATH. Raises UserError naming the field when the rank does
     not exist or the framework cannot run the plan."""
-    framework = RLFramework(framework)
+    framework = RLFramework.parse(framework, "emit")
     if not 1 <= rank <= len(plans.steps):
         raise UserError(f"emit-rank: plans are ranked 1 to {len(plans.steps)} (got {rank})")
     step, job = plans.steps[rank - 1], plans.job
@@ -259,4 +280,4 @@ def fastest_runnable(plans: RLPlans, framework: RLFramework | str) -> int:
             continue
         return rank
     launch_line(plans, framework, 1)  # raises: the fastest plan's reason
-    raise UserError(f"emit: no plan to write for {RLFramework(framework).value}")
+    raise UserError(f"emit: no plan to write for {RLFramework.parse(framework, 'emit')}")

@@ -23,6 +23,7 @@ import json
 
 import pandas as pd
 
+from autoconfig.serve.features import method_name
 from autoconfig.serve.request import Request
 from autoconfig.serve.result import ServingResult
 from autoconfig.spec.schema import GPUSpec
@@ -51,8 +52,7 @@ def speculation(req: Request) -> tuple[str, int] | None:
     """(drafter, draft tokens per step) the prediction assumed, or None without speculation."""
     if not req.speculative_tokens:
         return None
-    method = (req.speculative_method or "eagle").strip().lower().replace("-", "_")
-    return method, int(req.speculative_tokens)
+    return method_name(req.speculative_method), int(req.speculative_tokens)
 
 
 def _speculative_flags(engine: Engine, spec: tuple[str, int] | None) -> list[str]:

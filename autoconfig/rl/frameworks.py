@@ -15,27 +15,16 @@ whole memory for the engine's weights, activations and K/V cache):
 
 from __future__ import annotations
 
-from enum import Enum
-
-from autoconfig.base.errors import UserError
 from autoconfig.spec.engines import engine
+from autoconfig.spec.vocab import Choice
 
 
-class RLFramework(str, Enum):
+class RLFramework(Choice):
     """The RL frameworks a plan can be written for."""
 
     NEMO_RL = "nemo-rl"
     VERL = "verl"
     OPENRLHF = "openrlhf"
-
-    @classmethod
-    def parse(cls, text: str, field: str = "framework") -> RLFramework:
-        key = str(text).strip().lower()
-        for member in cls:
-            if member.value == key:
-                return member
-        allowed = ", ".join(m.value for m in cls)
-        raise UserError(f"{field}: unknown RL framework '{text}'; allowed: {allowed}")
 
 
 ENGINE_MEMORY_FRACTION = {

@@ -38,6 +38,7 @@ from autoconfig.cost.kv_cache import kv_capacity
 from autoconfig.cost.serving_step import StepModel, step_model, take
 from autoconfig.rl.frameworks import engine_memory_fraction
 from autoconfig.rl.job import Job
+from autoconfig.spec.vocab import GIB
 
 MAX_NUM_BATCHED_TOKENS = 8192.0  # vLLM's chunked-prefill budget on large GPUs
 BLOCK_TOKENS = 16.0  # vLLM's paged-attention block
@@ -135,7 +136,7 @@ def deployment_frame(job: Job, tps: list[int], gpus: list[int]) -> pd.DataFrame:
             "ep": 1.0,
             "max_seqs": 256.0,
             "max_tokens": MAX_NUM_BATCHED_TOKENS,
-            "kv_fraction": memory_share,
+            "kv_fraction": memory_share,  # of the whole GPU here; rollouts() converts it
             "block_tokens": BLOCK_TOKENS,
             "engine": float(SERVING_ENGINES.index("vllm")),
         }
@@ -158,8 +159,16 @@ def _queues(job: Job, replicas: int, steps: int) -> list[np.ndarray]:
 def rollouts(job: Job, tps: list[int], gpus: list[int], staleness: list[int]) -> list[Rollout]:
     """The rollout phase of every (engine tp, rollout GPUs, staleness) given."""
     frame = deployment_frame(job, tps, gpus)
-    inputs = serving_inputs(job.model, (job.gpu, job.cluster), frame)
+    hardware = (job.gpu, job.cluster)
     with np.errstate(all="ignore"):
+        # The engine's share is of the GPU's whole memory (vLLM's gpu_memory_utilization);
+        # the serving model's K/V fraction is of what weights, activations and the reserve
+        # leave: the cache is the share less the memory outside it, as a part of that rest.
+        share = frame["kv_fraction"].to_numpy()
+        free = kv_capacity(serving_inputs(job.model, hardware, frame.assign(kv_fraction=1.0))).cache
+        outside = job.gpu.memory_gib * GIB * (1.0 - share)
+        frame["kv_fraction"] = np.clip(1.0 - outside / np.maximum(free, 1.0), 0.0, 1.0)
+        inputs = serving_inputs(job.model, hardware, frame)
         cap = kv_capacity(inputs)
         steps = step_model(inputs)
     out = []

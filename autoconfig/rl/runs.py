@@ -13,8 +13,10 @@ How the published text is read:
   mean the response's. The prompt is PROMPT_TOKENS long: the median over the NeMo-RL rows of
   tokens/s/GPU x GPUs x step time / rollouts - mean length (their own 'Total Tokens
   Processed' less the responses), 112 tokens;
-- the framework: a row whose source group names NeMo-RL (NVIDIA-NeMo/RL) runs its engines at
-  NeMo-RL's share of the GPU's memory (autoconfig.rl.frameworks); other rows at vLLM's default.
+- the engines' share of GPU memory: vLLM's default for every row. NeMo-RL's example config
+  (0.6, autoconfig.rl.frameworks) cannot be what its published recipes ran: Qwen3-235B-A22B's
+  bf16 weights at rollout tp 8 take 59 GB of each 80 GB H100, more than 0.6 of it, yet the
+  async row ran; the recipes set their own share and the rows do not say it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import numpy as np
 import pandas as pd
 
 from autoconfig.base.errors import UserError
-from autoconfig.rl.frameworks import RLFramework, engine_memory_fraction
 from autoconfig.rl.job import Algorithm, Job, Placement, Plan, TrainLayout
 from autoconfig.rl.lengths import ResponseLengths
 from autoconfig.rl.step import estimate_steps
@@ -128,12 +129,6 @@ def _number(row: pd.Series, column: str) -> float:
     return float(value)
 
 
-def framework_of(row: pd.Series) -> RLFramework | None:
-    """The RL framework a published row ran, where its source group names one."""
-    group = str(row.get("source_group", "")).lower()
-    return RLFramework.NEMO_RL if "nemo-rl" in group or "nemo/rl" in group else None
-
-
 def job_of(row: pd.Series) -> tuple[Job, Plan, str]:
     """The job and plan a published row states, and a note on what was read into it."""
     problems = []
@@ -170,7 +165,6 @@ def job_of(row: pd.Series) -> tuple[Job, Plan, str]:
         PROMPT_TOKENS,
         ResponseLengths(total - PROMPT_TOKENS, mean),
         precision=precision,
-        engine_memory_fraction=engine_memory_fraction(framework_of(row)),
     ).checked()
     plan = Plan(placement, rollout_gpus, train_gpus, rollout_tp, lay, staleness).checked(job)
     return job, plan, note

@@ -127,13 +127,18 @@ def checked(
         )
     if speculative_method is not None and drafts == 0:
         raise UserError("speculative-method: needs --speculative-tokens K (1..16)")
-    method = (speculative_method or HEAD_METHODS[0]).strip().lower().replace("-", "_")
+    method = method_name(speculative_method)
     if drafts > 0 and method not in MODELLED_METHODS:
         raise UserError(
             f"speculative-method: {checks.shown(speculative_method)} is not modelled "
             f"(allowed: {', '.join(MODELLED_METHODS)})"
         )
     return hit, drafts, rate, method
+
+
+def method_name(speculative_method: str | None) -> str:
+    """The drafter as the model names it: case and dashes ignored, EAGLE when none is given."""
+    return (speculative_method or HEAD_METHODS[0]).strip().lower().replace("-", "_")
 
 
 def features_of(

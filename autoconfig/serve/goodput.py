@@ -684,11 +684,13 @@ def _miss_ratio(row: pd.Series, slo: Slo, req: Request) -> float:
     return worst
 
 
-def rank(out: pd.DataFrame, req: Request) -> pd.DataFrame:
+def rank(out: pd.DataFrame, req: Request, more_first: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Deployments that meet the limits first, by goodput per GPU, then by the columns of
+    `more_first` (larger first), the latency percentile, tp and pp; ranks numbered."""
     p = f"latency_p{req.percentile:g}_ms"
     out = out.sort_values(
-        ["meets", "goodput_rps_per_gpu", p, "tp", "pp"],
-        ascending=[False, False, True, True, True],
+        ["meets", "goodput_rps_per_gpu", *more_first, p, "tp", "pp"],
+        ascending=[False, False, *([False] * len(more_first)), True, True, True],
         kind="stable",
         na_position="last",
     ).reset_index(drop=True)

@@ -99,7 +99,8 @@ def search(req: Request) -> ServingResult:
     out = mixed(req, prefill, decode)
     if out.empty:
         raise UserError(_no_pairing(req, prefill, decode))
-    out = _rank(out, req)
+    # of equal goodput, the deployment using fewer GPUs first (the spare ones serve nothing)
+    out = goodput.rank(out, req, ("goodput_rps_per_gpu_used",))
     feasible = int(out["meets"].sum())
     gpu = prefill.hardware[0]
     _, from_p = catalog.serving_constants(gpu)
@@ -117,22 +118,6 @@ def search(req: Request) -> ServingResult:
         decode_gpu=decode_gpu,
         comparison=_comparison(req, out, prefill, decode),
     )
-
-
-def _rank(out: pd.DataFrame, req: Request) -> pd.DataFrame:
-    """As goodput.rank, the deployments of equal goodput that use fewer GPUs first (the
-    other pool limits them both; the spare GPUs serve nothing)."""
-    p = f"latency_p{req.percentile:g}_ms"
-    out = out.sort_values(
-        ["meets", "goodput_rps_per_gpu", "goodput_rps_per_gpu_used", p, "tp", "pp"],
-        ascending=[False, False, False, True, True, True],
-        kind="stable",
-        na_position="last",
-    ).reset_index(drop=True)
-    n = int(out["meets"].sum())
-    out["rank"] = pd.array([*range(1, n + 1), *([pd.NA] * (len(out) - n))], dtype="Int64")
-    out["pareto"] = False
-    return out
 
 
 def _no_pairing(req: Request, prefill: goodput.Colocated, decode: goodput.Colocated) -> str:
