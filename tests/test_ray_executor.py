@@ -69,8 +69,10 @@ def cluster(tmp_path_factory) -> Iterator[str]:
         # The head first (it stops what it started), then whatever of its group is left.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGTERM)
+        # a blocking `ray start` ends its workers on SIGTERM within seconds; what lingers past
+        # that is killed with the group
         with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(timeout=20)
+            head.wait(timeout=5)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)
         head.wait()
