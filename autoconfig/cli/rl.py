@@ -193,22 +193,16 @@ def rl_measure(
     from autoconfig.measure import rl_loop
 
     common = {"steps": steps, "warmup": warmup, "threads": threads, "seed": seed}
-    fit_on = (
-        [rl_loop.parse_config(t, "fit", **common) for t in fit]
-        if fit
-        else [
-            replace(c, steps=steps, warmup=warmup, threads=threads, seed=seed)
-            for c in rl_loop.DEFAULT_FIT
-        ]
-    )
-    checked = (
-        [rl_loop.parse_config(t, "held-out", **common) for t in held_out]
-        if held_out
-        else [
-            replace(c, steps=steps, warmup=warmup, threads=threads, seed=seed)
-            for c in rl_loop.DEFAULT_HELD_OUT
-        ]
-    )
+
+    def configs(given: list[str] | None, field: str, defaults: tuple) -> list:
+        """The configurations of --fit or --held-out, else the defaults, with the run's
+        common settings."""
+        if given:
+            return [rl_loop.parse_config(t, field, **common) for t in given]
+        return [replace(c, **common) for c in defaults]
+
+    fit_on = configs(fit, "fit", rl_loop.DEFAULT_FIT)
+    checked = configs(held_out, "held-out", rl_loop.DEFAULT_HELD_OUT)
     console = Console(stderr=True)
     with claimed(out):
         result = rl_loop.compare(fit_on, checked, progress=lambda m: console.print(m, style="dim"))

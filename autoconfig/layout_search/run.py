@@ -3,6 +3,7 @@ evaluate and rank every layout, explain the winner, and when nothing fits say wh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from autoconfig.spec.task import (
     check_model,
     task_spec,
 )
-from autoconfig.spec.vocab import Offload, OptimizerState, Precision, Task
+from autoconfig.spec.vocab import Choice, Offload, OptimizerState, Precision, Task
 
 
 def make_request(
@@ -239,20 +240,7 @@ def lighter_state(
     bound = peak - preds["mem_optimizer_gib"] * saved * (1.0 + share)
     runs_lighter = table["zero"].astype(int).isin(req.framework.allows("lighter_state_zero"))
     todo = np.flatnonzero((peak > limit) & (bound <= limit) & runs_lighter.to_numpy())
-    column = table["optimizer_state"].to_numpy(dtype=object, copy=True)
-    for state in states:
-        if not len(todo):
-            break
-        subset = table.iloc[todo].assign(optimizer_state=state.value)
-        x = training_inputs(req.model, hardware, subset, req.gbs, req.seq_len, does)
-        got = evaluate(x)
-        fits = got["pred_peak_mem_gib"] <= limit[todo]
-        rows = todo[fits]
-        for key, values in got.items():
-            preds[key][rows] = values[fits]
-        column[rows] = state.value
-        todo = todo[~fits]
-    table["optimizer_state"] = column
+    first_that_fits(req, table, preds, hardware, does, "optimizer_state", states, todo, limit)
 
 
 def offloaded(
@@ -284,25 +272,47 @@ def offloaded(
         movable = movable + preds["mem_weights_gib"] + preds["mem_gradients_gib"]
     fp32 = (table["optimizer_state"] == OptimizerState.FP32.value).to_numpy()
     todo = np.flatnonzero((peak > limit) & (peak - movable * (1.0 + share) <= limit) & fp32)
-    column = table["offload"].to_numpy(dtype=object, copy=True)
-    for mode in modes:
+    first_that_fits(
+        req, table, preds, hardware, does, "offload", modes, todo, limit, framework_rules=True
+    )
+
+
+def first_that_fits(
+    req: SearchRequest,
+    table: pd.DataFrame,
+    preds: dict[str, np.ndarray],
+    hardware: Hardware,
+    does: Behaviour,
+    dimension: str,
+    values: Sequence[Choice],
+    todo: np.ndarray,
+    limit: np.ndarray,
+    framework_rules: bool = False,
+) -> None:
+    """Evaluates the rows `todo` of `table` again with `dimension` set to each of `values` in
+    turn and gives each row the first that fits the GPU memory `limit` (and the host memory,
+    where the evaluation reports it), in place in `table` and `preds`. `framework_rules`: a
+    value the framework's rules refuse for a row is not tried there."""
+    column = table[dimension].to_numpy(dtype=object, copy=True)
+    for value in values:
         if not len(todo):
             break
-        subset = table.iloc[todo].assign(offload=mode.value)
-        runs, _ = _runs(req, subset)
+        subset = table.iloc[todo].assign(**{dimension: value.value})
+        runs = _runs(req, subset)[0] if framework_rules else np.ones(len(todo), bool)
         tried = todo[runs]
         if not len(tried):
             continue
         x = training_inputs(req.model, hardware, subset[runs], req.gbs, req.seq_len, does)
         got = evaluate(x)
-        host_room = got["host_capacity_gib"]
-        fits = (got["pred_peak_mem_gib"] <= limit[tried]) & ~(got["mem_host_gib"] > host_room)
+        fits = (got["pred_peak_mem_gib"] <= limit[tried]) & ~(
+            got["mem_host_gib"] > got["host_capacity_gib"]
+        )
         rows = tried[fits]
-        for key, values in got.items():
-            preds[key][rows] = values[fits]
-        column[rows] = mode.value
+        for key, got_values in got.items():
+            preds[key][rows] = got_values[fits]
+        column[rows] = value.value
         todo = np.setdiff1d(todo, rows)
-    table["offload"] = column
+    table[dimension] = column
 
 
 def run(req: SearchRequest) -> SearchResult:

@@ -655,25 +655,24 @@ class FrameworkCapabilities(_Spec):
     @field_validator("optimizer_states")
     @classmethod
     def _known_states(cls, states: Sourced) -> Sourced:
-        listed = [str(s) for s in states.value] if isinstance(states.value, list) else []
-        unknown = [s for s in listed if s not in OptimizerState.values()]
-        if not listed or unknown or OptimizerState.FP32.value not in listed:
-            raise ValueError(
-                f"optimizer_states must list fp32 and only {OptimizerState.allowed()}, "
-                f"not {states.value!r}"
-            )
-        return states
+        return _lists_the_default(states, "optimizer_states", OptimizerState.FP32)
 
     @field_validator("offloads")
     @classmethod
     def _known_offloads(cls, modes: Sourced) -> Sourced:
-        listed = [str(s) for s in modes.value] if isinstance(modes.value, list) else []
-        unknown = [s for s in listed if s not in Offload.values()]
-        if not listed or unknown or Offload.NONE.value not in listed:
-            raise ValueError(
-                f"offloads must list none and only {Offload.allowed()}, not {modes.value!r}"
-            )
-        return modes
+        return _lists_the_default(modes, "offloads", Offload.NONE)
+
+
+def _lists_the_default(stated: Sourced, name: str, default: OptimizerState | Offload) -> Sourced:
+    """`stated` when it lists `default` (what every layout starts from) and only values of its
+    kind; else the ValueError naming `name` and what is allowed."""
+    listed = [str(s) for s in stated.value] if isinstance(stated.value, list) else []
+    kind = type(default)
+    if not listed or any(s not in kind.values() for s in listed) or default.value not in listed:
+        raise ValueError(
+            f"{name} must list {default.value} and only {kind.allowed()}, not {stated.value!r}"
+        )
+    return stated
 
 
 # How an offloading framework overlaps its host copies (cost.offload): not at all; with the
