@@ -89,6 +89,8 @@ def estimate(
     zero: int = defaults.ZERO,
     optimizer_state: str = OptimizerState.FP32.value,
     offload: str = Offload.NONE.value,
+    hybrid_cp: bool = False,
+    activation_offload: bool = False,
     precision: str = defaults.PRECISION.value,
     flash_attention: bool = True,
     gpus_per_node: int | None = None,
@@ -120,7 +122,10 @@ def estimate(
     step on the CPU (cost/offload.py; `mem_host_gib`, `time_offload_s`). `doc_lengths` (a
     preset name such as 'squad', a CSV of lengths, or a DocLengths) says how long the
     documents of a sequence are: `packed` into it (attention per document) or padded to it
-    one a sequence (spec/documents.py).
+    one a sequence (spec/documents.py). `hybrid_cp` splits each packed document over only the
+    context-parallel ranks its length needs (Megatron-Core's dynamic CP; cost/hybrid_cp.py).
+    `activation_offload` keeps the activations layers save for backward in host memory,
+    copied beside compute (cost/activation_offload.py).
 
     Raises UserError with a one-line reason when the configuration is invalid.
     """
@@ -175,12 +180,15 @@ def estimate(
             zero=zero,
             optimizer_state=optimizer_state,
             offload=offload,
+            hybrid_cp=hybrid_cp,
+            activation_offload=activation_offload,
             gbs=gbs,
             seq_len=request.seq_len,
             precision=request.precision,
         )
     except ValidationError as exc:
         raise UserError(pydantic_message(exc)) from None
+    search_run.check_hybrid_cp(fw, spec, request.task, run.hybrid_cp)
     hardware = Hardware(gpu_spec, request.cluster, run.precision)
     does = _behaviour(fw, run.precision.value, flash_attention, sp_saves_gathered, request.task)
     limit_gib = gpu_spec.memory_gib * (1 - request.constraints.memory_headroom)

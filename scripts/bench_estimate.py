@@ -43,6 +43,8 @@ def layouts(n: int, seed: int = 0) -> pd.DataFrame:
             "zero": pick([0, 1, 2, 3]),
             "optimizer_state": np.full(n, "fp32"),
             "offload": np.full(n, "none"),
+            "hybrid_cp": np.zeros(n, bool),
+            "activation_offload": np.zeros(n, bool),
         }
     )
 

@@ -161,12 +161,16 @@ def test_cli_refuses_with_one_line(args: tuple[str, ...], words: str) -> None:
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_train_refuses_qlora() -> None:
-    """The bundled trainer trains LoRA adapters (tests/test_trainer_finetune.py) but keeps no
-    NF4 base weights."""
-    done = run_cli("train", "--model", "tiny-llama", "--task", "qlora", "--device", "cpu")
+def test_train_refuses_qlora_where_it_cannot_shard_the_nf4_base() -> None:
+    """The bundled trainer trains QLoRA (tests/test_trainer_qlora.py) but keeps the NF4 base
+    whole on every rank, where the cost model shards it under ZeRO 3 without pipelining."""
+    done = run_cli(
+        "train", "--model", "tiny-llama", "--task", "qlora", "--device", "cpu", "--dp", "2",
+        "--zero", "3",
+    )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.strip().startswith("task") or "task:" in done.stderr, done.stderr
+    assert done.stderr.strip().startswith("error: zero") or "zero:" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_estimate_with_the_task() -> None:

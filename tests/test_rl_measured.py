@@ -23,13 +23,14 @@ TINY = LoopConfig(layers=2, prompts=2, samples=4, prompt_len=16, max_response_le
 
 def test_phases_positive_and_rollout_grows_with_length() -> None:
     short = rl_loop.run_loop(TINY).phases()
-    long = rl_loop.run_loop(replace(TINY, max_response_len=40)).phases()
+    long = rl_loop.run_loop(replace(TINY, max_response_len=120)).phases()
     for phases in (short, long):
         assert all(phases[p] > 0 for p in PHASES), phases
-    # five times the decode iterations: the rollout must take clearly longer
+    # fifteen times the decode iterations: the rollout must take clearly longer
     assert long["rollout_s"] > 2.0 * short["rollout_s"], (short, long)
-    # and the log-prob and update passes run over longer sequences
-    assert long["update_s"] > short["update_s"]
+    # and the update runs over sequences 5.7x as long (136 tokens against 24): a margin no
+    # neighbour's load on a shared core erases
+    assert long["update_s"] > short["update_s"], (short, long)
 
 
 def test_sync_makes_the_engine_equal_the_policy_bit_for_bit() -> None:

@@ -231,7 +231,7 @@ TRAIN_FLAGS = ["train", "--model", "tiny-llama", "--device", "cpu", "--steps", "
 @pytest.mark.parametrize(
     ("args", "field"),
     [
-        (["--task", "qlora"], "task:"),
+        (["--task", "qlora", "--dp", "2", "--zero", "3"], "zero:"),  # NF4 kept whole a rank
         (["--task", "lora", "--model", "tiny-moe"], "task:"),
         (["--task", "lora", "--lora-rank", "0"], "lora-rank:"),
         (["--task", "lora", "--lora-alpha", "nan"], "lora-alpha:"),

@@ -37,6 +37,8 @@ from autoconfig.spec.vocab import GIB, Mlp
 # (overlap_grad_reduce arrived with the distributed optimizer in Megatron-Core). BLOOM trained
 # with DeepSpeed's BF16_Optimizer, fp32 gradient accumulation (its rows' notes: "ZeRO-1 (bf16
 # optimizer)"; written for BLOOM in 2022, it accumulated in fp32 before grad_accum_dtype).
+# BLOOM trained on Jean Zay, whose nodes talk over 4 Omni-Path 100 Gbps links each, a quarter
+# of a DGX A100's network (BLOOM paper, Sec. 3.4.1): its rows run on that cluster's profile.
 SOURCE_FACTS: dict[str, dict[str, str]] = {
     "Megatron-LM 2021 Table 1 (A100)": {
         "flash_attention": "n",
@@ -50,6 +52,7 @@ SOURCE_FACTS: dict[str, dict[str, str]] = {
         "dropout": "n",
         "overlap_grad_reduce": "n",
         "bf16_optimizer": "y",
+        "gpu": "a100-sxm-80gb-jean-zay",
     },
 }
 

@@ -68,6 +68,14 @@ def estimate(
         OptimizerState.FP32.value, help=layout.BY_NAME["optimizer_state"].help
     ),
     offload: Offload = typer.Option(Offload.NONE.value, help=layout.BY_NAME["offload"].help),
+    hybrid_cp: bool = typer.Option(
+        False, "--hybrid-cp/--no-hybrid-cp", help=layout.BY_NAME["hybrid_cp"].help
+    ),
+    activation_offload: bool = typer.Option(
+        False,
+        "--activation-offload/--no-activation-offload",
+        help=layout.BY_NAME["activation_offload"].help,
+    ),
     precision: Precision = defaults.precision(),
     flash: bool = typer.Option(True, "--flash/--no-flash", help="flash attention"),
     framework: Framework = defaults.framework(),
@@ -150,6 +158,8 @@ def estimate(
         zero=zero,
         optimizer_state=optimizer_state.value,
         offload=offload.value,
+        hybrid_cp=hybrid_cp,
+        activation_offload=activation_offload,
         precision=precision.value,
         flash_attention=flash,
         gpus_per_node=gpus_per_node,

@@ -53,6 +53,16 @@ def train(
     offload: Offload = typer.Option(
         Offload.NONE.value, help="CPU offload (the bundled trainer keeps everything on the GPU)"
     ),
+    hybrid_cp: bool = typer.Option(
+        False,
+        "--hybrid-cp/--no-hybrid-cp",
+        help="dynamic context parallelism (the bundled trainer runs static CP)",
+    ),
+    activation_offload: bool = typer.Option(
+        False,
+        "--activation-offload/--no-activation-offload",
+        help="activation offload (the bundled trainer keeps activations on the GPU)",
+    ),
     capacity_factor: float = typer.Option(
         None, help="MoE: tokens an expert takes, as a multiple of its even share (default: all)"
     ),
@@ -65,8 +75,8 @@ def train(
     slice: bool = typer.Option(False, help="one device with the per-rank shapes of --tp"),
     task: str = typer.Option(
         Task.PRETRAIN.value,
-        help="pretrain or sft (every weight trains), or lora (rank-r adapters on the frozen "
-        "base: no gradients or optimizer state for it); qlora is refused (no NF4 weights)",
+        help="pretrain or sft (every weight trains), lora (rank-r adapters on the frozen "
+        "base: no gradients or optimizer state for it) or qlora (the same on an NF4 base)",
     ),
     lora_rank: str = defaults.lora_rank(),
     lora_alpha: float = typer.Option(
@@ -154,6 +164,8 @@ def train(
             "zero": zero,
             "optimizer_state": optimizer_state.value,
             "offload": offload.value,
+            "hybrid_cp": hybrid_cp,
+            "activation_offload": activation_offload,
             "capacity_factor": capacity_factor,
             "precision": precision,
             "device": device.value,

@@ -9,7 +9,7 @@ each distinct spec is turned into columns once and scattered to its rows).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -65,6 +65,8 @@ class Behaviour:
     # backward and forward)
     offload_upload_bytes: Values = 2.0
     offload_overlap: Values = 0.0
+    # activation offload (cost.activation_offload): layers whose saved activations stay on the GPU
+    act_offload_resident: Values = 2.0
     sp_saves_gathered: Values = 0.0  # SP keeps the all-gathered block inputs (torch DTensor)
     cost_split: Values = 0.0  # pipeline blocks placed by the framework's compute-cost estimate
     balanced_split: Values = 0.0  # stages balanced by hand against the embedding and LM head
@@ -114,9 +116,12 @@ class Behaviour:
     # document a sequence) and the share of tokens that are not padding.
     doc_len: Values = 0.0
     useful_share: Values = 1.0
+    # Packed documents as (length, share of documents) rows (spec.task.TaskSpec.doc_classes):
+    # not a column; dynamic context parallelism times each (cost.hybrid_cp).
+    doc_classes: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
     def columns(self) -> dict[str, Values]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "doc_classes"}
         out["flash"] = out.pop("flash_attention")
         return out
 
@@ -270,6 +275,7 @@ def training_inputs(
         "gbs": np.asarray(gbs, float),
         "seq": np.asarray(seq_len, float),
         "kernels": kernel_index.kernel_set(),
+        "doc_classes": behaviour.doc_classes,
     }
     return CostInputs.from_columns(cols)
 

@@ -94,6 +94,22 @@ def rules(fw: FrameworkSpec, c: Mapping[str, Any]) -> list[tuple[str, str, np.nd
                 (pp > 1) & (layers % pp != 0) & lacks("uneven_pipeline"),
             ),
             ("cp", f"{name} has no context parallelism", (cp > 1) & lacks("context_parallel")),
+            (
+                "activation_offload",
+                f"{name} offloads activations "
+                + (
+                    f"only with recompute {_words(fw.allows('activation_offload'))}"
+                    if fw.allows("activation_offload")
+                    else "never"
+                ),
+                (np.asarray(c.get("activation_offload", 0.0), float) > 0)
+                & ~_isin(recompute, [Recompute(m).code for m in fw.allows("activation_offload")]),
+            ),
+            (
+                "hybrid_cp",
+                f"{name} has no dynamic context parallelism",
+                (np.asarray(c.get("hybrid_cp", 0.0), float) > 0) & lacks("hybrid_context_parallel"),
+            ),
             ("ep", f"{name} has no expert parallelism", (ep > 1) & lacks("expert_parallel")),
             (
                 "ep",
@@ -206,7 +222,9 @@ def behaviour(
         main_param_remainders=1.0 if does.main_param_remainders.value else 0.0,
         offload_upload_bytes=float(str(does.offload_upload_bytes.value)),
         offload_overlap=float(OFFLOAD_OVERLAPS.index(str(does.offload_overlap.value))),
+        act_offload_resident=float(str(does.activation_offload_resident_layers.value)),
         **task.columns(),
+        doc_classes=np.asarray(task.doc_classes, float).reshape(-1, 2),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoconfig.cost import hybrid_cp
 from autoconfig.cost.flops import model_flops_per_token
 from autoconfig.cost.inputs import Col, CostInputs
 from autoconfig.cost.layer import layer_ops
@@ -22,7 +23,12 @@ PREDICTION_COLUMNS = (
 
 
 def evaluate(x: CostInputs) -> dict[str, Col]:
-    """Predictions and their breakdowns, one array per column (all of length N)."""
+    """Predictions and their breakdowns, one array per column (all of length N); rows with
+    dynamic context parallelism are timed as their per-document passes (cost.hybrid_cp)."""
+    return hybrid_cp.apply(x, _evaluate(x), _evaluate)
+
+
+def _evaluate(x: CostInputs) -> dict[str, Col]:
     ops = layer_ops(x)  # shared by every part below
     params = stage_params(x, ops)
     mem = memory(x, ops, params)

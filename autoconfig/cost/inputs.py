@@ -112,6 +112,8 @@ class CostInputs:
     zero: Col
     optimizer_state: Col  # vocab.OptimizerState code: the Adam state's precision
     offload: Col  # vocab.Offload code: what stays in host memory (cost.offload)
+    hybrid_cp: Col  # 1: dynamic context parallelism over packed documents (cost.hybrid_cp)
+    activation_offload: Col  # 1: saved activations kept in host memory (cost.activation_offload)
     # what the framework does (columns.Behaviour, from its profile)
     flash: Col
     overlap_grad_reduce: Col
@@ -131,6 +133,9 @@ class CostInputs:
     # host copies (schema.OFFLOAD_OVERLAPS index)
     offload_upload_bytes: Col
     offload_overlap: Col
+    # activation offload (cost.activation_offload): layers whose saved activations stay on
+    # the GPU
+    act_offload_resident: Col
     # 1 where SP's all-gathered block inputs are saved for backward (torch DTensor, the
     # bundled trainer); 0 where only the shard is and backward re-gathers (Megatron-LM).
     sp_saves_gathered: Col
@@ -188,6 +193,12 @@ class CostInputs:
     kernel_chip: Col
     # The measured kernel tables the `kernel_chip` codes index (not a column: shared by rows).
     kernels: KernelSet = field(default=NO_KERNELS, metadata={"column": False})
+    # Packed documents as (length, share of documents) rows at the run's sequence length
+    # (spec.documents.DocLengths.classes; not a column: shared by rows). Only dynamic context
+    # parallelism reads them (cost.hybrid_cp); no rows for whole or padded sequences.
+    doc_classes: np.ndarray = field(
+        default_factory=lambda: np.zeros((0, 2)), metadata={"column": False}
+    )
 
     @cached_property
     def cost_split_stages(self) -> CostSplit:
@@ -202,7 +213,7 @@ class CostInputs:
 
     def take(self, rows: np.ndarray) -> CostInputs:
         """The inputs of the given rows (scalar columns stay scalars)."""
-        values: dict[str, object] = {"kernels": self.kernels}
+        values: dict[str, object] = {"kernels": self.kernels, "doc_classes": self.doc_classes}
         for f in column_fields():
             col = getattr(self, f.name)
             values[f.name] = col if np.ndim(col) == 0 else np.broadcast_to(col, (self.n,))[rows]
@@ -214,7 +225,10 @@ class CostInputs:
         except the framework-behaviour flags, which default to Megatron-LM's
         (OPTIONAL_COLUMNS)."""
         cols = {**OPTIONAL_COLUMNS, **cols}
-        values: dict[str, object] = {"kernels": cols.get("kernels", NO_KERNELS)}
+        values: dict[str, object] = {
+            "kernels": cols.get("kernels", NO_KERNELS),
+            "doc_classes": np.asarray(cols.get("doc_classes", np.zeros((0, 2))), float),
+        }
         for f in column_fields():
             if f.name not in cols:
                 raise KeyError(f"cost input column '{f.name}' is missing")
@@ -245,8 +259,11 @@ OPTIONAL_COLUMNS = {
     "main_param_remainders": 0.0,
     "optimizer_state": 0.0,
     "offload": 0.0,
+    "hybrid_cp": 0.0,
+    "activation_offload": 0.0,
     "offload_upload_bytes": 2.0,
     "offload_overlap": 0.0,
+    "act_offload_resident": 2.0,
     "host_link_bytes_s": host.DEFAULT_HOST_LINK_GB_S * 1e9,
     "host_dram_bytes_s": host.DEFAULT_HOST_DRAM_GB_S * host.HOST_DRAM_EFFICIENCY * 1e9,
     "host_memory_gib": np.nan,

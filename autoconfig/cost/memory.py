@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoconfig.cost import finetune, offload, optimizer
+from autoconfig.cost import activation_offload, finetune, offload, optimizer
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
@@ -228,24 +228,36 @@ def layer_activation_bytes(
     )
 
 
-def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | None = None) -> Memory:
+def saved_activations(x: CostInputs, layers: Col, ops: list[Op] | None = None) -> tuple[Col, Col]:
+    """(saved bytes of one micro-batch, recompute working set) of a rank with `layers`, by
+    the layout's recompute mode."""
     tokens = x.mbs * x.seq / x.cp
     plain, selective, full, op_level = layer_activation_bytes(x, tokens, ops)
     per_mb_layer = np.select(
         [x.recompute == SELECTIVE, x.recompute == OP_LEVEL], [selective, op_level], plain
     )
+    recomputed = recomputed_layers(x, layers)
+    saved = recomputed * full + (layers - recomputed) * per_mb_layer
+    # Backward of a recomputed layer rebuilds that layer's activations one at a time.
+    rebuilt = np.where(recomputed > 0, plain, np.maximum(plain - per_mb_layer, 0.0))
+    return saved, np.where(layers > 0, rebuilt, 0.0)
+
+
+def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | None = None) -> Memory:
+    tokens = x.mbs * x.seq / x.cp
+    plain = layer_activation_bytes(x, tokens, ops)[0]
 
     def stage_activations(layers: Col) -> tuple[Col, Col]:
-        """(saved bytes of one micro-batch, recompute working set) of a rank with `layers`."""
-        recomputed = recomputed_layers(x, layers)
-        saved = recomputed * full + (layers - recomputed) * per_mb_layer
-        # Backward of a recomputed layer rebuilds that layer's activations one at a time.
-        rebuilt = np.where(recomputed > 0, plain, np.maximum(plain - per_mb_layer, 0.0))
-        return saved, np.where(layers > 0, rebuilt, 0.0)
+        return saved_activations(x, layers, ops)
 
     per_stage = stage_layers(x)
     stage_act, transient = stage_activations(per_stage)
     last_act, last_transient = stage_activations(last_stage_layers(x))
+    per_layer_act = stage_act / per_stage  # what the trainer's check reads, before offload
+    act_host = last_act_host = ZERO
+    if activation_offload.any_offload(x):
+        stage_act, act_host = activation_offload.gpu_and_host(x, stage_act, per_stage)
+        last_act, last_act_host = activation_offload.gpu_and_host(x, last_act, last_stage_layers(x))
 
     p = params if params is not None else stage_params(x, ops)
     shard = x.dp * x.cp
@@ -324,6 +336,7 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
     subtotal = chosen.sum(axis=0)
     overhead = x.mem_overhead * subtotal + x.mem_reserved_gib * GIB
     host = np.where(use_last, hosts[1], hosts[0]) if offloading else ZERO
+    host = host + np.where(use_last, last_act_host, act_host)
     w, g, o, act, in_flight_mem, logits, transient = chosen
     return Memory(
         w,
@@ -334,6 +347,6 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
         logits,
         transient,
         overhead=overhead,
-        activation_per_layer=stage_act / per_stage,
+        activation_per_layer=per_layer_act,
         host=host,
     )

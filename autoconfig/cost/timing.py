@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoconfig.cost import comm, finetune, kernel_time, offload
+from autoconfig.cost import activation_offload, comm, finetune, kernel_time, offload
 from autoconfig.cost.inputs import (
     OP_LEVEL,
     SELECTIVE,
@@ -73,7 +73,7 @@ from autoconfig.cost.layer import (
     layer_ops,
     mtp_ops,
 )
-from autoconfig.cost.memory import StageParams, stage_params
+from autoconfig.cost.memory import StageParams, saved_activations, stage_params
 from autoconfig.cost.optimizer import state_bytes as optimizer_state_bytes
 
 # The output tile of one thread block in cuBLAS's large bf16 GEMM kernels on Ampere and Hopper
@@ -425,6 +425,11 @@ def step_time(
     offload_s = (
         _offload(x, params, m, stage_fwd, per_stage * b_layer) if offload.any_offload(x) else ZERO
     )
+    if activation_offload.any_offload(x):
+        saved = saved_activations(x, per_stage, ops)[0] / np.maximum(per_stage, 1.0)
+        offload_s = offload_s + activation_offload.step_seconds(
+            x, saved, per_stage, m, f_layer, b_layer
+        )
     return StepTime(
         compute=m * pure_compute + grad_passes + _fsdp_copies(x, params, m),
         launch=m * launch_per_mb,

@@ -81,7 +81,7 @@ TIME_PARTS = {
     "time_bubble_s": "pipeline bubble",
     "time_dp_comm_s": "exposed DP communication",
     "time_optimizer_s": "optimizer step",
-    "time_offload_s": "CPU offload (host link, CPU Adam)",
+    "time_offload_s": "CPU offload (host link, CPU Adam, activations)",
 }
 
 

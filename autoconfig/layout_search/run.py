@@ -27,6 +27,7 @@ from autoconfig.spec.schema import FrameworkSpec, ModelSpec, SearchSpace
 from autoconfig.spec.task import (
     DEFAULT_LORA_RANK,
     DEFAULT_LORA_TARGETS,
+    TaskSpec,
     check_framework,
     check_model,
     task_spec,
@@ -104,6 +105,7 @@ def make_request(
         fixed[key] = layout.BY_NAME[key].parse(value, "fix: ")
     check_state(fw, fixed.get("optimizer_state"))
     check_offload(fw, fixed.get("offload"))
+    check_hybrid_cp(fw, spec, what, fixed.get("hybrid_cp"))
     if max_tp is not None and min(space_spec.tp) > max_tp:
         raise UserError(f"max-tp: {max_tp} is below every tp in the space {space_spec.tp}")
     if "tp" in fixed and max_tp is not None and int(fixed["tp"]) > max_tp:
@@ -144,14 +146,66 @@ def check_offload(fw: FrameworkSpec, mode: object) -> None:
         raise UserError(f"offload: {fw.name} cannot offload {mode} to the CPU (it runs {runs})")
 
 
-def _runs(req: SearchRequest, table: pd.DataFrame) -> tuple[np.ndarray, str]:
-    """Which layouts of `table` the framework runs (every one of its rules), and the first
-    reason it refuses one ('' when it runs them all)."""
-    c = {**layout.columns(table), "layers": float(req.model.layers), "gbs": float(req.gbs)}
+def check_hybrid_cp(fw: FrameworkSpec, model: ModelSpec, task: TaskSpec, on: object) -> None:
+    """Dynamic context parallelism fixed on where it cannot run is one UserError line: it
+    splits packed documents (--doc-lengths), needs a framework that runs it, and Megatron-Core
+    refuses it with multi-latent attention (cost.hybrid_cp)."""
+    if not on:
+        return
+    if not fw.allows("hybrid_context_parallel"):
+        raise UserError(f"hybrid_cp: {fw.name} has no dynamic context parallelism")
+    if not task.doc_classes:
+        raise UserError(
+            "hybrid_cp: dynamic context parallelism splits packed documents; give their "
+            "lengths with --doc-lengths (packed)"
+        )
+    if model.mla is not None:
+        raise UserError(f"hybrid_cp: {model.name}'s multi-latent attention cannot run it")
+
+
+def with_hybrid_cp(req: SearchRequest, table: pd.DataFrame) -> pd.DataFrame:
+    """The layouts, with a dynamic-CP twin of each layout with cp > 1 and pp 1 where the run
+    packs documents and the framework runs it (cost.hybrid_cp); all of them dynamic where
+    --fix hybrid_cp=true asks. The twin differs only in speed (its ring and attention blocks
+    follow each document's length), so both are ranked."""
+    fixed = req.constraints.fixed.get("hybrid_cp")
+    eligible = (
+        bool(req.task.doc_classes)
+        and req.framework.allows("hybrid_context_parallel")
+        and req.model.mla is None
+    )
+    if not eligible or fixed is False:
+        return table
+    twins = table[table["cp"] > 1].assign(hybrid_cp=True)
+    twins = twins[_runs(req, twins, layout_rules=True)[0]]  # cp a power of two, pp 1, mbs 1 ...
+    if fixed:
+        return twins.reset_index(drop=True)
+    return pd.concat([table, twins], ignore_index=True)
+
+
+def _runs(
+    req: SearchRequest, table: pd.DataFrame, layout_rules: bool = False
+) -> tuple[np.ndarray, str]:
+    """Which layouts of `table` the framework runs (every one of its rules; with
+    `layout_rules`, spec.layout's too), and the first reason it refuses one ('' when it runs
+    them all)."""
+    shape = {
+        "heads": float(req.model.heads),
+        "kv_heads": float(req.model.kv),
+        "layers": float(req.model.layers),
+        "experts": float(req.model.num_experts),
+        "num_gpus": float(req.gpus),
+        "gbs": float(req.gbs),
+        "seq": float(req.seq_len),
+    }
+    c = {**layout.columns(table), **shape}
     ok = np.ones(len(table), bool)
     first = ""
+    checks = frameworks.rules(req.framework, c)
+    if layout_rules:
+        checks = layout.rules(c) + checks
     with np.errstate(all="ignore"):
-        for name, rule, bad in frameworks.rules(req.framework, c):
+        for name, rule, bad in checks:
             bad = np.broadcast_to(np.asarray(bad, bool), ok.shape)
             if not first and np.any(bad & ok):
                 first = f"{name}: {rule}"
@@ -172,7 +226,7 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
             f"gpus: no layout of {req.model.name} uses {req.gpus} GPUs with gbs {req.gbs} "
             f"(dropped: {reasons}{cannot})"
         )
-    table = cands.table
+    table = with_hybrid_cp(req, cands.table)
     fixed_state = req.constraints.fixed.get("optimizer_state")
     if fixed_state is not None:
         # a fixed state is every layout's state, not a filter on the derived ones
@@ -185,6 +239,13 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
         if not ok.any():
             raise UserError(why)
         table = table[ok].reset_index(drop=True)
+    if req.constraints.fixed.get("activation_offload"):
+        # every layout's, where the framework and the layout rules let it run
+        table = table.assign(activation_offload=True)
+        ok, why = _runs(req, table, layout_rules=True)
+        if not ok.any():
+            raise UserError(why)
+        table = table[ok].reset_index(drop=True)
     hardware = Hardware(req.gpu, req.cluster, req.precision)
     does = frameworks.behaviour(req.framework, req.precision, float(req.flash_attention), req.task)
     inputs = training_inputs(req.model, hardware, table, req.gbs, req.seq_len, does)
@@ -192,8 +253,7 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
         preds = {k: np.array(v) for k, v in evaluate(inputs).items()}
         if fixed_state is None:
             lighter_state(req, table, preds, hardware, does)
-        if fixed_offload is None and fixed_state in (None, OptimizerState.FP32):
-            offloaded(req, table, preds, hardware, does)
+        offloaded(req, table, preds, hardware, does)
         # rank reads only the cluster's GPUs per node from `inputs`; the predictions carry
         # each layout's optimizer state
         table = rank(table, inputs, req.constraints, preds)
@@ -250,31 +310,80 @@ def offloaded(
     hardware: Hardware,
     does: Behaviour,
 ) -> None:
-    """Gives each layout that fits neither with fp32 nor with a lighter Adam state the first
-    CPU offload its framework runs that fits (the optimizer, then the optimizer with the
-    sharded weights and gradients: cost.offload), in place in `table` and `preds`.
+    """Gives each layout that fits neither with fp32 nor with a lighter Adam state the fastest
+    host offload its framework runs that makes it fit, in place in `table` and `preds`: the
+    optimizer's, or the optimizer's with the sharded weights and gradients (cost.offload), the
+    saved activations' (cost.activation_offload), or one of each. A value --fix names stays.
 
-    Offload is the last resort: it keeps the numerics but pays the host link and a CPU Adam
-    step at a fraction of HBM's bandwidth, so a layout that fits on the GPU never takes it, and
-    lighter state (faster, not slower) is tried first. A layout that takes it is ranked by its
-    own predicted time beside the rest. Only layouts short of memory whose GPU peak without
-    the movable state (and the overhead charged on it) would fit are evaluated again."""
-    modes = [
-        m for m in Offload if m is not Offload.NONE and m.value in req.framework.allows("offloads")
+    Offload is the last resort: it keeps the numerics but pays the host link (and a CPU Adam
+    step at a fraction of HBM's bandwidth), so a layout that fits on the GPU never takes it,
+    and lighter state (faster, not slower) is tried first. Which offload costs least depends
+    on the layout (activation copies hide behind long layers; the CPU step does not), so
+    every one the framework runs is evaluated and the fastest that fits kept. Only layouts
+    short of memory whose GPU peak without everything movable (and the overhead charged on
+    it) would fit are evaluated again."""
+    fixed = req.constraints.fixed
+    modes = [m for m in Offload if m.value in req.framework.allows("offloads")]
+    state_ok = fixed.get("optimizer_state") in (None, OptimizerState.FP32)
+    offloads: list[Offload | None] = [None]
+    if "offload" not in fixed and state_ok:
+        offloads += modes[1:]
+    activations: list[bool | None] = [None]
+    if "activation_offload" not in fixed and req.framework.allows("activation_offload"):
+        activations.append(True)
+    options = [
+        {k: v for k, v in (("offload", o), ("activation_offload", a)) if v is not None}
+        for o in offloads
+        for a in activations
     ]
-    if not modes:
+    options = [o for o in options if o]  # the layout as it is was evaluated already
+    if not options:
         return
     limit = memory_limit_gib(preds["mem_capacity_gib"], req.constraints)
     peak, over = preds["pred_peak_mem_gib"], preds["mem_overhead_gib"]
     share = over / np.maximum(peak - over, 1e-9)
-    movable = preds["mem_optimizer_gib"]
-    if Offload.PARAMS in modes:
+    movable = np.zeros_like(peak)
+    if any("offload" in o for o in options):
+        movable = movable + preds["mem_optimizer_gib"]
+    if Offload.PARAMS in offloads:
         movable = movable + preds["mem_weights_gib"] + preds["mem_gradients_gib"]
-    fp32 = (table["optimizer_state"] == OptimizerState.FP32.value).to_numpy()
-    todo = np.flatnonzero((peak > limit) & (peak - movable * (1.0 + share) <= limit) & fp32)
-    first_that_fits(
-        req, table, preds, hardware, does, "offload", modes, todo, limit, framework_rules=True
-    )
+    if True in activations:
+        movable = movable + preds["mem_activations_gib"] + preds["mem_pipeline_in_flight_gib"]
+    todo = np.flatnonzero((peak > limit) & (peak - movable * (1.0 + share) <= limit))
+    if not len(todo):
+        return
+    best_step = np.full(len(todo), np.inf)
+    best: list[dict[str, object]] = [{} for _ in todo]
+    got_rows: dict[str, np.ndarray] = {k: preds[k][todo].copy() for k in preds}
+    for option in options:
+        plain: dict[str, object] = {
+            k: v.value if isinstance(v, Choice) else v for k, v in option.items()
+        }
+        subset = table.iloc[todo].assign(**plain)
+        runs = _runs(req, subset, layout_rules=True)[0]
+        if not runs.any():
+            continue
+        x = training_inputs(req.model, hardware, subset[runs], req.gbs, req.seq_len, does)
+        got = evaluate(x)
+        tried = np.flatnonzero(runs)
+        fits = (got["pred_peak_mem_gib"] <= limit[todo][tried]) & ~(
+            got["mem_host_gib"] > got["host_capacity_gib"]
+        )
+        faster = fits & (got["pred_step_time_s"] < best_step[tried])
+        for pos, row in zip(np.flatnonzero(faster), tried[faster], strict=True):
+            best_step[row] = got["pred_step_time_s"][pos]
+            best[row] = plain
+            for key, values in got.items():
+                got_rows[key][row] = values[pos]
+    chosen = np.flatnonzero(np.isfinite(best_step))
+    for key in preds:
+        preds[key][todo[chosen]] = got_rows[key][chosen]
+    for name in ("offload", "activation_offload"):
+        column = table[name].to_numpy(dtype=object, copy=True)
+        for row in chosen:
+            if name in best[row]:
+                column[todo[row]] = best[row][name]
+        table[name] = column.astype(bool) if name == "activation_offload" else column
 
 
 def first_that_fits(
@@ -287,27 +396,21 @@ def first_that_fits(
     values: Sequence[Choice],
     todo: np.ndarray,
     limit: np.ndarray,
-    framework_rules: bool = False,
 ) -> None:
     """Evaluates the rows `todo` of `table` again with `dimension` set to each of `values` in
     turn and gives each row the first that fits the GPU memory `limit` (and the host memory,
-    where the evaluation reports it), in place in `table` and `preds`. `framework_rules`: a
-    value the framework's rules refuse for a row is not tried there."""
+    where the evaluation reports it), in place in `table` and `preds`."""
     column = table[dimension].to_numpy(dtype=object, copy=True)
     for value in values:
         if not len(todo):
             break
         subset = table.iloc[todo].assign(**{dimension: value.value})
-        runs = _runs(req, subset)[0] if framework_rules else np.ones(len(todo), bool)
-        tried = todo[runs]
-        if not len(tried):
-            continue
-        x = training_inputs(req.model, hardware, subset[runs], req.gbs, req.seq_len, does)
+        x = training_inputs(req.model, hardware, subset, req.gbs, req.seq_len, does)
         got = evaluate(x)
-        fits = (got["pred_peak_mem_gib"] <= limit[tried]) & ~(
+        fits = (got["pred_peak_mem_gib"] <= limit[todo]) & ~(
             got["mem_host_gib"] > got["host_capacity_gib"]
         )
-        rows = tried[fits]
+        rows = todo[fits]
         for key, got_values in got.items():
             preds[key][rows] = got_values[fits]
         column[rows] = value.value

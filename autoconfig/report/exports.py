@@ -16,7 +16,8 @@ import yaml
 from autoconfig.base.errors import UserError
 from autoconfig.columns import frameworks
 from autoconfig.cost.inputs import even_split_layers, interleaves_by_counting_ends
-from autoconfig.spec import layout
+from autoconfig.report import primus_export
+from autoconfig.spec import catalog, layout
 from autoconfig.spec.layout import ANY
 from autoconfig.spec.task import PRETRAIN, TaskSpec
 from autoconfig.spec.vocab import Framework, LoraTargets, Task
@@ -69,6 +70,9 @@ HEADER = {
     "(recipe = llm.<model>.pretrain_recipe(...))",
 }
 YAML = (Framework.NANOTRON, Framework.COMPOSER)
+# Frameworks that take another's settings, rewritten (Primus: Megatron-LM's flags as its
+# experiment's overrides, report.primus_export)
+DERIVED = {Framework.PRIMUS: primus_export.DERIVES_FROM}
 
 
 def context(
@@ -108,6 +112,10 @@ def context(
     c["local_batch"] = mbs if pp == 1 else gbs // dp
     c["accumulation"] = gbs // (dp * mbs)
     c["composer_precision"] = "amp_fp8" if precision == "fp8" else "amp_bf16"
+    # Megatron-Core offloads fewer layers than the model has: all but the last
+    c["offloaded_layers"] = layers - 1
+    # Megatron-Core's hybrid CP rank capacity: the sequence over cp (cost.hybrid_cp)
+    c["cp_rank_tokens"] = seq_len // c["cp"]
     c["dp_shard"] = dp if c["zero"] >= 2 else 1
     c["dp_replicate"] = dp // c["dp_shard"]
     c["precision"] = precision
@@ -159,7 +167,7 @@ def pipeline_layout(layers: int, chunks: int, mtp: int = 0) -> str:
 
 
 def _templates(d: layout.Dimension, framework: Framework, value: Any) -> tuple[str, ...]:
-    spec = d.flags.get(framework)
+    spec = d.flags.get(DERIVED.get(framework, framework))
     if spec is None:
         raise UserError(f"emit: {framework.value} has no setting for {d.name}")
     if isinstance(spec, str | tuple):
@@ -203,7 +211,8 @@ def lines(framework: Framework, row: Mapping[str, Any], ctx: Mapping[str, Any]) 
     for d in layout.DIMENSIONS:
         templates = _templates(d, framework, row[d.name])
         out += [t for t in (_render(t, ctx, framework) for t in templates) if t]
-    out += [t for t in (_render(t, ctx, framework) for t in RUN_FLAGS[framework]) if t]
+    run_flags = RUN_FLAGS[DERIVED.get(framework, framework)]
+    out += [t for t in (_render(t, ctx, framework) for t in run_flags) if t]
     return out
 
 
@@ -225,7 +234,11 @@ def export(
     `gpus_per_node` GPUs (where the launch line names them)."""
     framework = Framework.parse(framework, "emit")
     ctx = context(row, layers, gbs, seq_len, precision, experts, mtp)
-    settings = lines(framework, row, ctx) + task_settings(framework, task)
+    settings = lines(framework, row, ctx) + task_settings(DERIVED.get(framework, framework), task)
+    if framework is Framework.PRIMUS:
+        gpus = int(np.prod([ctx[k] for k in ("dp", "tp", "pp", "cp")]))
+        profile = catalog.get_framework(framework.value)
+        return primus_export.experiment(settings, profile, precision, gpus, gpus_per_node)
     if framework is Framework.NEMO:
         header = HEADER[framework] if task.task is Task.PRETRAIN else NEMO_FINETUNE_HEADER
         return "\n".join([header, *settings])

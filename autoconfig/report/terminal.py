@@ -46,7 +46,7 @@ TIME_PARTS = (
     ("pipeline bubble", "time_bubble_s"),
     ("DP communication (exposed)", "time_dp_comm_s"),
     ("optimizer + step overhead", "time_optimizer_s"),
-    ("CPU offload (host link, CPU Adam)", "time_offload_s"),
+    ("CPU offload (host link, CPU Adam, activations)", "time_offload_s"),
 )
 
 
@@ -169,7 +169,9 @@ def estimate_view(row: pd.Series) -> Group:
         # CPU offload: beside the GPU's peak, against the host memory a GPU has where known
         room = float(row.get("host_capacity_gib", float("nan")))
         known = f"of {room:.0f} GiB per GPU" if room == room else "host memory not in the profile"
-        mem.add_row(f"host memory (offload {row.get('offload', '')})", f"{host:,.2f}", known)
+        held = [f"offload {row.get('offload', '')}"] if row.get("offload", "none") != "none" else []
+        held += ["activations"] if bool(row.get("activation_offload", False)) else []
+        mem.add_row(f"host memory ({', '.join(held) or 'offload'})", f"{host:,.2f}", known)
 
     step = float(row["pred_step_time_s"])
     tim = Table(title="Step time (s)", title_justify="left")

@@ -82,6 +82,8 @@ def _frame(model: ModelSpec, layouts: list[TrainLayout], gpus: int) -> pd.DataFr
                     "zero": 1,
                     "optimizer_state": "fp32",  # the framework's default Adam state
                     "offload": "none",  # nothing kept in host memory
+                    "hybrid_cp": False,  # static context parallelism
+                    "activation_offload": False,
                 }
             )
     return layout.frame_of(rows)

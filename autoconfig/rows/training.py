@@ -447,6 +447,8 @@ def read_behaviour(
     profiles = [frameworks.behaviour(fw, p) for fw, p in zip(fws, precision, strict=True)]
     values: dict[str, np.ndarray] = {}
     for f in fields(Behaviour):
+        if f.name == "doc_classes":  # not a column: a rows table gives each row's doc_len
+            continue
         values[f.name] = np.array([float(np.asarray(getattr(b, f.name))) for b in profiles])
     for col, name in BEHAVIOUR_FLAGS.items():
         if col in df:
@@ -559,6 +561,14 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
     # CPU offload: a row that does not state it ran without (published runs state it in notes)
     offload = text_column(df, "offload").replace({"": "none", "unknown": "none"})
     err.add(~offload.isin(Offload.values()), f"offload: must be {Offload.allowed()}")
+    # Dynamic CP times each document class on its own (cost.hybrid_cp); a row carries its
+    # documents as one attended length, so its runs are static CP.
+    hybrid = flag(df, "hybrid_cp", False, err) > 0
+    err.add(
+        hybrid.to_numpy(),
+        "hybrid_cp: a runs row gives its documents as one length; estimate dynamic context "
+        "parallelism with estimate --hybrid-cp --doc-lengths",
+    )
     per_stage = pd.Series(busiest_rank_layers(num["layers"], pp, vp), index=num.index)
     full = recompute == Recompute.FULL.value
     recompute_layers = num["recompute_layers"].fillna(per_stage.where(full, 0))
@@ -590,6 +600,8 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
             "zero": zero,
             "optimizer_state": state,
             "offload": offload,
+            "hybrid_cp": False,
+            "activation_offload": flag(df, "activation_offload", False, err) > 0,
         },
         index=df.index,
     )
@@ -607,6 +619,7 @@ def read_training_rows(df: pd.DataFrame) -> TrainingRows:
         "recompute": recompute.map({r.value: r.code for r in Recompute}),
         "optimizer_state": state.map({s.value: s.code for s in OptimizerState}).fillna(0.0),
         "offload": offload.map({o.value: o.code for o in Offload}).fillna(0.0),
+        "activation_offload": layouts["activation_offload"].astype(float),
     }
     for name, rule, bad in layout.rules({**codes, **shape}):
         err.add(bad, f"{name}: {rule}")

@@ -46,6 +46,13 @@ PRESETS: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
     "squad": (SQUAD_LENGTHS, SQUAD_WEIGHTS),
 }
 
+# Length classes dynamic context parallelism times (DocLengths.classes): each class is one
+# more row the cost model evaluates; 24 log-spaced bins over lengths from 100 to 131,072
+# tokens span 1.35x each, and the edges at seq / 2**j for j up to TAIL_POINTS (cp up to 4,096)
+# add at most 12 more.
+MAX_CLASSES = 24
+TAIL_POINTS = 12
+
 # Rows of a lengths file read: a tokenized dataset's lengths, a few hundred thousand at most
 # matter to two moments.
 MAX_ROWS = 1_000_000
@@ -73,6 +80,34 @@ class DocLengths:
         if packed:
             return {"doc_len": square / mean, "useful_share": 1.0}
         return {"doc_len": 0.0, "useful_share": mean / float(seq)}
+
+    def classes(self, seq: float, most: int = MAX_CLASSES) -> tuple[tuple[float, float], ...]:
+        """The documents truncated to `seq` as (length, share of documents) classes: lengths
+        binned on a log scale (`most` bins) whose edges also fall on seq / 2**j, where dynamic
+        context parallelism doubles the ranks a document takes at any power-of-two cp, each
+        bin at its mean length (so its tokens are kept) and every document of a bin taking the
+        ranks its mean takes. What cost.hybrid_cp times one by one."""
+        lengths = np.minimum(np.asarray(self.lengths, float), float(seq))
+        weights = np.asarray(self.weights, float)
+        weights = weights / weights.sum()
+        low, high = lengths.min(), lengths.max()
+        doublings = float(seq) / 2.0 ** np.arange(1, TAIL_POINTS + 1)
+        edges = np.unique(
+            np.concatenate(
+                [
+                    np.geomspace(low, high, most + 1),
+                    doublings[(doublings > low) & (doublings < high)],
+                ]
+            )
+        )
+        # a document in bin i has edges[i] < length <= edges[i + 1] (the least in bin 0)
+        bins = np.clip(np.searchsorted(edges, lengths, side="left") - 1, 0, len(edges) - 2)
+        out = []
+        for b in np.unique(bins):
+            share = float(weights[bins == b].sum())
+            mean = float(weights[bins == b] @ lengths[bins == b]) / share
+            out.append((mean, share))
+        return tuple(out)
 
     def describe(self, seq: float, packed: bool = True) -> str:
         mean, square = self.moments(seq)

@@ -56,6 +56,9 @@ class Dimension:
     minimum: int | None = 1  # for integers
     key: str = ""  # its part of the trial key, e.g. "z{}" ('' = name{})
     structural: bool = False  # shapes the rank grid (the search filters these first)
+    # in trial keys at its default too; False for dimensions added after measured studies
+    # were stored, whose keys (and resumable studies) stay as they were
+    keyed_at_default: bool = True
 
     def key_part(self, value: Any) -> str:
         plain = self.plain(value)
@@ -107,6 +110,8 @@ class Dimension:
 # OptimizerConfig as recipe.optim.config; torchtitan 0.3.0 [optimizer] implementation.
 _PRECISION_AWARE = ("--use-precision-aware-optimizer", "--main-params-dtype fp32")
 _NEMO_OPTIM = "recipe.optim.config."
+
+
 # CPU offload (vocab.Offload, physics in cost.offload). Not crossed with the other dimensions
 # either: the search gives a layout offload only where nothing lighter fits (layout_search.run).
 # Megatron-Core 0.16.1 OptimizerConfig: optimizer_cpu_offload, optimizer_offload_fraction,
@@ -116,6 +121,34 @@ _NEMO_OPTIM = "recipe.optim.config."
 # 1-3) and offload_param (ZeRO 3 only), device cpu, pin_memory. torchtitan 0.3.0
 # config/configs.py: [training] enable_cpu_offload (FSDP2 CPUOffloadPolicy: parameters,
 # gradients and optimizer state).
+def _off_only(*frameworks: Framework) -> dict[Framework, FlagSpec]:
+    """The flags of a yes-or-no dimension for frameworks that run only its 'no' (nothing to
+    write): a 'yes' is refused with the framework named (report.exports)."""
+    return {fw: {False: ""} for fw in frameworks}
+
+
+# Activation offload, physics in cost.activation_offload: megatron-core 0.16.1
+# ModelParallelConfig cpu_offloading, cpu_offloading_num_layers (fewer than the layers:
+# TransformerConfig raises otherwise, and with pipelining or recompute),
+# cpu_offloading_activations (True) and cpu_offloading_weights (False), spelled as Megatron-LM's
+# arguments spell them; NeMo 2 and Megatron-Bridge hold the same fields on the model config.
+# torchtune 0.6.1 recipes: enable_activation_offloading (OffloadActivations, needs activation
+# checkpointing).
+_MEGATRON_ACT_OFFLOAD = ("--cpu-offloading", "--cpu-offloading-num-layers {offloaded_layers}")
+_NEMO_ACT_OFFLOAD = (
+    "recipe.model.config.cpu_offloading = True",
+    "recipe.model.config.cpu_offloading_num_layers = {offloaded_layers}",
+    "recipe.model.config.cpu_offloading_activations = True",
+    "recipe.model.config.cpu_offloading_weights = False",
+)
+# Dynamic (hybrid) context parallelism, physics in cost.hybrid_cp: megatron-core 0.16.1
+# ModelParallelConfig.hybrid_context_parallel and max_seqlen_per_dp_cp_rank (its docstring's
+# starting point, the sequence length / cp, as the cost model assumes), spelled as Megatron-LM's
+# arguments spell its config fields; only its schedule without pipelining runs it.
+_MEGATRON_HYBRID_CP = (
+    "--hybrid-context-parallel",
+    "--max-seqlen-per-dp-cp-rank {cp_rank_tokens}",
+)
 _MEGATRON_OFFLOAD = (
     "--use-precision-aware-optimizer",
     "--optimizer-cpu-offload",
@@ -528,6 +561,40 @@ DIMENSIONS: tuple[Dimension, ...] = (
             },
         },
     ),
+    Dimension(
+        "activation_offload",
+        bool,
+        False,
+        "activation offload: the activations each layer saves for backward copied to host "
+        "memory in forward and back in backward, beside compute (pp 1 only)",
+        label="act-off",
+        key="ao{}",
+        keyed_at_default=False,
+        flags={
+            MEGATRON: {False: "", True: _MEGATRON_ACT_OFFLOAD},
+            NEMO: {False: "", True: _NEMO_ACT_OFFLOAD},
+            **_off_only(TORCHTITAN, DEEPSPEED, NANOTRON, COMPOSER),
+            TORCHTUNE: {
+                False: "enable_activation_offloading=False",
+                True: "enable_activation_offloading=True",
+            },
+        },
+    ),
+    Dimension(
+        "hybrid_cp",
+        bool,
+        False,
+        "dynamic context parallelism over packed documents: each document split over only "
+        "the CP ranks its length needs (cp = the most), the rest of the dp x cp ranks taking "
+        "other documents (pp 1 only)",
+        label="hcp",
+        key="hcp{}",
+        keyed_at_default=False,
+        flags={
+            MEGATRON: {False: "", True: _MEGATRON_HYBRID_CP},
+            **_off_only(NEMO, TORCHTITAN, DEEPSPEED, NANOTRON, COMPOSER, TORCHTUNE),
+        },
+    ),
 )
 
 BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
@@ -624,7 +691,11 @@ def full_label(row: Mapping[str, Any]) -> str:
 
 def key(values: Mapping[str, Any]) -> str:
     """A layout's stable name across sessions (trial keys), every dimension in order."""
-    return "-".join(d.key_part(values[d.name]) for d in DIMENSIONS)
+    return "-".join(
+        d.key_part(values[d.name])
+        for d in DIMENSIONS
+        if d.keyed_at_default or d.plain(values[d.name]) != d.plain(d.default)
+    )
 
 
 def columns(layouts: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -652,6 +723,7 @@ def rules(c: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
     seq, gpus = np.asarray(c["seq"], float), np.asarray(c["num_gpus"], float)
     sp, recompute = np.asarray(c["sp"], float), np.asarray(c["recompute"], float)
     rlayers = np.asarray(c["recompute_layers"], float)
+    hybrid = np.asarray(c.get("hybrid_cp", 0.0), float) > 0
     with np.errstate(all="ignore"):
         return [
             (
@@ -663,6 +735,44 @@ def rules(c: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
             ("dp", "tp*pp*cp*dp must equal the GPU count", dp * tp * pp * cp != gpus),
             ("pp", "cannot exceed layers", pp > layers),
             ("vp", "virtual stages need pp > 1", (vp > 1) & (pp == 1)),
+            (
+                "activation_offload",
+                "activation offload runs without pipeline parallelism (Megatron-Core raises "
+                "with it; torchtune has none)",
+                (np.asarray(c.get("activation_offload", 0.0), float) > 0) & (pp > 1),
+            ),
+            (
+                "hybrid_cp",
+                "dynamic context parallelism needs cp > 1 and pp 1 (Megatron-Core runs it "
+                "only in its schedule without pipelining)",
+                hybrid & ((cp == 1) | (pp > 1)),
+            ),
+            (
+                "hybrid_cp",
+                "dynamic context parallelism is modelled with ZeRO 0 or 1 (each document's own "
+                "pass would reduce-scatter ZeRO 2's gradients or gather ZeRO 3's weights again)",
+                hybrid & (np.asarray(c["zero"], float) >= 2),
+            ),
+            (
+                "hybrid_cp",
+                "dynamic context parallelism needs cp a power of two and dp*cp even (Megatron-"
+                "Core builds its groups of 2, 4, 8 ... ranks over dp x cp and asserts an even "
+                "count: parallel_state.py)",
+                hybrid & ((np.log2(np.maximum(cp, 1.0)) % 1 != 0) | ((dp * cp) % 2 != 0)),
+            ),
+            (
+                "hybrid_cp",
+                "dynamic context parallelism runs each document as a micro-batch of one "
+                "sequence: mbs 1 (utils.py get_batch_on_this_hybrid_cp_rank)",
+                hybrid & (np.asarray(c["mbs"], float) != 1),
+            ),
+            (
+                "hybrid_cp",
+                "dynamic context parallelism is not modelled with expert parallelism (its ranks "
+                "run different numbers of document passes; the experts' all-to-all needs every "
+                "rank of dp x cp) nor with activation offload",
+                hybrid & ((ep > 1) | (np.asarray(c.get("activation_offload", 0.0), float) > 0)),
+            ),
             (
                 "cp",
                 "2*cp must divide seq_len (load-balanced chunks)",

@@ -587,6 +587,7 @@ _CAN_OR_NOT = (
     "expert_tensor_parallel",
     "partial_recompute",
     "replicated_data_parallel",
+    "hybrid_context_parallel",
 )
 
 
@@ -640,6 +641,14 @@ class FrameworkCapabilities(_Spec):
     replicated_data_parallel: Sourced = Sourced(
         value=True, source="plain data parallelism (DDP) beside its ZeRO stages"
     )
+    # splits each packed document over only the context-parallel ranks its length needs
+    # (layout hybrid_cp; cost.hybrid_cp)
+    hybrid_context_parallel: Sourced = Sourced(
+        value=False, source="no dynamic context parallelism stated"
+    )
+    # the recompute modes (vocab.Recompute values) it offloads the saved activations with (layout
+    # activation_offload; cost.activation_offload); empty: no activation offload
+    activation_offload: Sourced = Sourced(value=[], source="no activation offload stated")
     # What it can keep in host memory (vocab.Offload values; physics in cost.offload)
     offloads: Sourced = Sourced(value=["none"], source="no CPU offload stated")
     # the ZeRO stages optimizer offload runs with (parameter offload needs ZeRO 3 everywhere)
@@ -661,6 +670,17 @@ class FrameworkCapabilities(_Spec):
     @classmethod
     def _known_offloads(cls, modes: Sourced) -> Sourced:
         return _lists_the_default(modes, "offloads", Offload.NONE)
+
+    @field_validator("activation_offload")
+    @classmethod
+    def _recompute_modes(cls, modes: Sourced) -> Sourced:
+        listed = modes.value if isinstance(modes.value, list) else [modes.value]
+        unknown = [m for m in listed if str(m) not in Recompute.values()]
+        if unknown:
+            raise ValueError(
+                f"activation_offload lists recompute modes ({Recompute.allowed()}), not {unknown}"
+            )
+        return modes
 
 
 def _lists_the_default(stated: Sourced, name: str, default: OptimizerState | Offload) -> Sourced:
@@ -747,6 +767,11 @@ class FrameworkBehaviour(_Spec):
     # it does not), and how the copies overlap (OFFLOAD_OVERLAPS)
     offload_upload_bytes: Sourced = Sourced(value=2, source="the 16-bit working weights copied up")
     offload_overlap: Sourced = Sourced(value="none", source="host copies not overlapped")
+    # With activation offload: the layers whose saved activations a rank keeps on the GPU (the
+    # one computing and those not yet copied out or already copied back)
+    activation_offload_resident_layers: Sourced = Sourced(
+        value=2, source="the layer computing and the one whose copy is in flight"
+    )
 
     @field_validator("grad_reduce_every_micro_batch", "grad_reduce_after_backward")
     @classmethod
@@ -772,6 +797,16 @@ class FrameworkBehaviour(_Spec):
                 f"{overlap.value!r}"
             )
         return overlap
+
+    @field_validator("activation_offload_resident_layers")
+    @classmethod
+    def _resident_layers(cls, stated: Sourced) -> Sourced:
+        value = stated.value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"activation_offload_resident_layers must be a positive integer, not {value!r}"
+            )
+        return stated
 
     @field_validator("offload_upload_bytes")
     @classmethod

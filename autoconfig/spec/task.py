@@ -31,6 +31,10 @@ class TaskSpec:
     doc_len: float = 0.0
     useful_share: float = 1.0
     documents: str = ""
+    # Packed: the documents as (length, share of documents) classes at the sequence length
+    # (DocLengths.classes), which dynamic context parallelism times one by one
+    # (cost.hybrid_cp); empty for whole or padded sequences.
+    doc_classes: tuple[tuple[float, float], ...] = ()
 
     @property
     def adapters(self) -> bool:
@@ -65,6 +69,7 @@ class TaskSpec:
             doc_len=cols["doc_len"],
             useful_share=cols["useful_share"],
             documents=docs.describe(seq, packed),
+            doc_classes=docs.classes(seq) if packed else (),
         )
 
 

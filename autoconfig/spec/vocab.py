@@ -305,6 +305,7 @@ class Framework(Choice):
     NANOTRON = "nanotron"
     COMPOSER = "composer"
     TORCHTUNE = "torchtune"
+    PRIMUS = "primus"  # Megatron-LM on ROCm: its settings are Megatron's (report.primus_export)
 
 
 class FailureClass(Choice):

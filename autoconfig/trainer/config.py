@@ -21,6 +21,10 @@ from autoconfig.spec.schema import ModelSpec
 from autoconfig.spec.task import DEFAULT_LORA_RANK, DEFAULT_LORA_TARGETS, TaskSpec
 from autoconfig.spec.vocab import LoraTargets, Offload, OptimizerState, Task, ZeroStage
 
+# QLoRA's block: weights per absmax (Dettmers et al. 2023, Sec. 3; trainer/nf4.py quantizes
+# with it). Declared here so that checking a configuration needs no torch.
+NF4_BLOCK = 64
+
 
 def as_built(spec: ModelSpec) -> ModelSpec:
     """The model the bundled trainer builds from `spec`: every layer one attention block (full
@@ -54,8 +58,9 @@ class TrainConfig(Layout):
     task: Literal["pretrain", "sft", "lora", "qlora", "generate"] = Field(
         default="pretrain",
         description="pretrain and sft train every weight; lora trains rank-r adapters on the "
-        "frozen base (spec.task, trainer/lora.py); generate times a static batch's prefill and "
-        "decode ('train' is pretrain's old name)",
+        "frozen base (spec.task, trainer/lora.py), qlora on a frozen base whose layers' linear "
+        "weights are NF4 (trainer/nf4.py); generate times a static batch's prefill and decode "
+        "('train' is pretrain's old name)",
     )
     lora_rank: int = Field(
         default=DEFAULT_LORA_RANK, gt=0, description="lora: the adapters' rank r"
@@ -165,8 +170,13 @@ class TrainConfig(Layout):
 
     @property
     def adapters(self) -> bool:
-        """Whether the run trains LoRA adapters on a frozen base."""
-        return self.task == Task.LORA.value
+        """Whether the run trains LoRA adapters on a frozen base (lora, qlora)."""
+        return self.task in (Task.LORA.value, Task.QLORA.value)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the frozen base's linear weights are held in NF4 (qlora: trainer/nf4.py)."""
+        return self.task == Task.QLORA.value
 
     @property
     def alpha(self) -> float:
@@ -352,6 +362,15 @@ class TrainConfig(Layout):
                 f"got {self.offload.value}",
             ),
             (
+                self.activation_offload,
+                "activation_offload: the bundled trainer keeps saved activations on the device",
+            ),
+            (
+                self.hybrid_cp,
+                "hybrid_cp: the bundled trainer splits every sequence over all cp ranks (static "
+                "context parallelism)",
+            ),
+            (
                 self.recompute == "op",
                 "recompute: op-level selective checkpointing is not in the bundled trainer yet; "
                 "use none, selective or full",
@@ -374,13 +393,19 @@ class TrainConfig(Layout):
 
     def _finetune_rules(self, spec: ModelSpec) -> list[tuple[bool, str]]:
         """What the trainer runs of the fine-tuning tasks (spec.task) and packed documents."""
+        dp = self.resolved_dp
         if self.doc_lengths is not None:
             self.documents()  # a bad preset, length or file is its own one line
         return [
             (
-                self.task == Task.QLORA.value,
-                "task: the bundled trainer has no NF4 base weights, so it cannot run qlora; "
-                "use lora (16-bit base)",
+                self.quantized and spec.hidden % NF4_BLOCK != 0,
+                f"task: qlora quantizes blocks of {NF4_BLOCK} weights along the hidden width, "
+                f"which {spec.name} ({spec.hidden}) is not a multiple of; use lora",
+            ),
+            (  # the NF4 storage is buffers, which fully_shard leaves whole on every rank
+                self.quantized and self.zero >= 3 and self.pp == 1 and dp * self.cp > 1,
+                "zero: qlora keeps the NF4 base whole on every data-parallel rank, but ZeRO-3 "
+                "shards it (as the cost model counts it); use zero 0, 1 or 2",
             ),
             (
                 self.adapters and spec.is_moe,

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from autoconfig.spec.schema import ModelSpec
-from autoconfig.trainer import lora, ops
+from autoconfig.trainer import lora, nf4, ops
 from autoconfig.trainer.context import ContextParallel
 from autoconfig.trainer.experts import MoE
 from autoconfig.trainer.mlp import MLP
@@ -95,6 +95,11 @@ class Attention(nn.Module):
             local = x.to_local(grad_placements=[Partial()])
         else:
             local = ops.AllReduceGrad.apply(x, self.kv_group)
+        if isinstance(self.wk, nf4.NF4Linear) and isinstance(self.wv, nf4.NF4Linear):
+            # qlora: frozen NF4 weights, whose gradient there is none to sum
+            return self.wk.project_rows(local, self.kv_rows), self.wv.project_rows(
+                local, self.kv_rows
+            )
         wk = ops.AllReduceGrad.apply(self.wk.weight, self.kv_group)[self.kv_rows]
         wv = ops.AllReduceGrad.apply(self.wv.weight, self.kv_group)[self.kv_rows]
         return F.linear(local, wk), F.linear(local, wv)

@@ -14,10 +14,11 @@ from autoconfig.columns.build import (
     serving_inputs,
     training_inputs,
 )
-from autoconfig.cost import CostInputs, evaluate
+from autoconfig.cost import CostInputs, evaluate, finetune
 from autoconfig.cost.inference import evaluate_serving
+from autoconfig.cost.memory import stage_params
 from autoconfig.spec import catalog, layout
-from autoconfig.spec.vocab import KvPrecision, ServePrecision
+from autoconfig.spec.vocab import GIB, KvPrecision, ServePrecision
 from autoconfig.trainer.config import TrainConfig
 
 DEFAULT_PROFILE = "h100-sxm-80gb"  # when no profile is known (a run that never started)
@@ -192,13 +193,23 @@ def runs_fsdp(cfg: TrainConfig) -> bool:
     return cfg.zero >= 2 and cfg.resolved_dp * cfg.cp > 1
 
 
-def as_fp32(out: dict, profile: str) -> dict:
+def _nf4_gib(cfg: TrainConfig, inputs: CostInputs) -> float:
+    """GiB of QLoRA's NF4 base weights on the busiest rank (cost.finetune), 0 otherwise."""
+    if not cfg.quantized:
+        return 0.0
+    linear = stage_params(inputs).busiest_linear
+    return float(np.asarray(linear).ravel()[0]) * finetune.NF4_BYTES_PER_PARAM / GIB
+
+
+def as_fp32(out: dict, profile: str, nf4_gib: float = 0.0) -> dict:
     """The cost model's 16-bit memory figures as an fp32 run holds them (FP32_SCALE); the
-    peak grows by the difference plus the profile's proportional overhead on it."""
+    peak grows by the difference plus the profile's proportional overhead on it. `nf4_gib`
+    of the weights are QLoRA's NF4 base, whose bytes do not depend on the run's precision."""
     scaled = dict(out)
     for key, factor in FP32_SCALE.items():
         if key in scaled:
-            scaled[key] = out[key] * factor
+            kept = nf4_gib if key == "mem_weights_gib" else 0.0
+            scaled[key] = (out[key] - kept) * factor + kept
     grown = sum(scaled[k] - out[k] for k in FP32_SCALE if k.endswith("_gib") and k in out)
     if "pred_peak_mem_gib" in out:
         overhead = catalog.get_gpu(profile).efficiency.memory_overhead
@@ -217,11 +228,12 @@ def predicted(cfg: TrainConfig, profile: str | None, device_type: str = "cuda") 
         inputs = training_inputs_of_runs([cfg], [profile], [device_type])
         with np.errstate(all="ignore"):
             out = _plain(evaluate(inputs), ("pred_", "mem_", "time_", "act_", "layer_"))
+            nf4_gib = _nf4_gib(cfg, inputs)
     except Exception as exc:  # a prediction must never cost the measurement
         return {"error": str(exc)}
     fp32 = runs_fp32(cfg, device_type)
     if fp32:
-        out = as_fp32(out, profile)
+        out = as_fp32(out, profile, nf4_gib)
     out["gpu_profile"] = profile
     out["precision"] = "fp32" if fp32 else "bf16"
     return out

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from autoconfig.base.errors import UserError
 from autoconfig.base.fileio import write_json
-from autoconfig.trainer import lora, ops
+from autoconfig.trainer import lora, nf4, ops
 from autoconfig.trainer.assemble import assemble
 from autoconfig.trainer.config import TrainConfig
 from autoconfig.trainer.context import chunk_positions
@@ -160,6 +160,8 @@ class Rank:
                 apply_tp(model, self.mesh["tp"], cfg.sp, whole_experts=cfg.whole_experts)
             if cfg.cp > 1 and self.mesh is not None:
                 apply_cp(model, self.mesh["cp"], self.seq, self.activation_dtype)
+            if cfg.quantized:  # each rank's shard of the layers' linear weights into NF4
+                nf4.quantize_base(model)
             if cfg.adapters:  # before data parallelism, which wraps the trained weights only
                 lora.freeze_base(model)
             apply_recompute(model, cfg)
@@ -311,6 +313,9 @@ class Rank:
     # -- measurement ---------------------------------------------------------------------
     def memory(self, saved: int, per_layer: float) -> RankMemory:
         params = [p for m in self.chunks for p in m.parameters()]
+        # qlora: the NF4 base weights (codes and block scales) are weights the rank holds,
+        # counted in bytes as held and in parameters as the weights they stand for
+        quantized = [q for m in self.chunks for q in nf4.quantized_linears(m)]
         state = getattr(self.optimizer, "optim", self.optimizer).state
         optim_bytes = sum(
             _local_bytes(v)
@@ -324,10 +329,12 @@ class Rank:
             pp_rank=self.pp_rank,
             peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
             peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
-            parameter_bytes=sum(_local_bytes(p) for p in params),
+            parameter_bytes=sum(_local_bytes(p) for p in params)
+            + sum(q.held_bytes() for q in quantized),
             gradient_bytes=getattr(self, "grad_bytes", 0),
             optimizer_bytes=optim_bytes,
-            parameters=sum(ops.local_tensor(p).numel() for p in params),
+            parameters=sum(ops.local_tensor(p).numel() for p in params)
+            + sum(q.represented for q in quantized),
             saved_activation_bytes=saved,
             saved_activation_bytes_per_layer=per_layer,
         )
