@@ -206,3 +206,16 @@ def test_megatron_flags_name_the_rank_capacity() -> None:
     assert f"--max-seqlen-per-dp-cp-rank {SEQ // 16}" in text
     static = exports.export("megatron", {**row, "hybrid_cp": False}, 32, 32, SEQ, "bf16")
     assert "hybrid" not in static and "max-seqlen" not in static
+
+
+def test_advice_offers_no_change_dynamic_cp_cannot_run() -> None:
+    req = search_run.make_request(
+        "llama3-8b", 128, "h100-sxm-80gb", seq_len=SEQ, gbs=32, task="sft",
+        framework="megatron", doc_lengths=LONG_TAIL, fix={"hybrid_cp": True}, max_memory_gib=8.0,
+    )  # fmt: skip
+    result = search_run.run(req)
+    assert not result.feasible
+    closest = [line for line in result.advice if line.startswith("closest:")]
+    assert closest and " hcp " in closest[0]
+    # ZeRO-3 would shrink it, but dynamic CP runs with ZeRO 0 or 1 only (spec.layout.rules)
+    assert not any("ZeRO-3" in line for line in result.advice)

@@ -50,6 +50,9 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
         if change.get("zero", 0) > 0 and int(best["dp"]) * int(best["cp"]) == 1:
             continue
         rows.append((label, {**layout.plain(best), **change}))
+    if rows:  # only changes the layout and framework rules let run (not ZeRO-3 with hybrid CP)
+        allowed = _allowed(layout.frame_of([r for _, r in rows]), request)
+        rows = [row for row, ok in zip(rows, allowed, strict=True) if ok]
     if rows:
         out = _evaluate(layout.frame_of([r for _, r in rows]), request)
         for i, (label, _) in enumerate(rows):
@@ -57,6 +60,25 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
             verdict = "fits" if peak <= best["mem_limit_gib"] else "still too big"
             lines.append(f"  with {label}: {peak:.1f} GiB ({verdict})")
     return lines
+
+
+def _allowed(frame: pd.DataFrame, r: SearchRequest) -> np.ndarray:
+    """Which layouts of `frame` pass the layout rules and what the framework runs."""
+    codes = {
+        **layout.columns(frame),
+        "heads": r.model.heads,
+        "kv_heads": r.model.kv,
+        "layers": r.model.layers,
+        "experts": r.model.num_experts,
+        "num_gpus": r.gpus,
+        "gbs": r.gbs,
+        "seq": r.seq_len,
+    }
+    ok = np.ones(len(frame), bool)
+    with np.errstate(all="ignore"):
+        for _, _, bad in [*layout.rules(codes), *frameworks.rules(r.framework, codes)]:
+            ok &= ~np.broadcast_to(bad, ok.shape)
+    return ok
 
 
 def _evaluate(layouts: pd.DataFrame, request: SearchRequest) -> dict[str, np.ndarray]:
@@ -120,19 +142,7 @@ def parallel_fix(row: pd.Series, request: SearchRequest) -> list[str]:
     frame = layout.frame_of([c for _, c in candidates]).drop_duplicates()
     doublings = pd.Series([k for k, _ in candidates]).loc[frame.index].to_numpy()
     frame = frame.reset_index(drop=True)
-    codes = {
-        **layout.columns(frame),
-        "heads": r.model.heads,
-        "kv_heads": r.model.kv,
-        "layers": r.model.layers,
-        "experts": r.model.num_experts,
-        "num_gpus": r.gpus,
-        "gbs": r.gbs,
-        "seq": r.seq_len,
-    }
-    ok = np.ones(len(frame), bool)
-    for _, _, bad in [*layout.rules(codes), *frameworks.rules(r.framework, codes)]:
-        ok &= ~np.broadcast_to(bad, ok.shape)
+    ok = _allowed(frame, r)
     tp, pp, vp, cp = (frame[n].to_numpy() for n in ("tp", "pp", "vp", "cp"))
     ok &= (vp == 1) | (r.model.layers % (pp * vp) == 0)  # interleaving: equal chunks
     widths = {"tp": frame["tp"].to_numpy(), "etp": frame["etp"].to_numpy()}
