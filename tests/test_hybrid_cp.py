@@ -219,3 +219,12 @@ def test_advice_offers_no_change_dynamic_cp_cannot_run() -> None:
     assert closest and " hcp " in closest[0]
     # ZeRO-3 would shrink it, but dynamic CP runs with ZeRO 0 or 1 only (spec.layout.rules)
     assert not any("ZeRO-3" in line for line in result.advice)
+
+
+@pytest.mark.parametrize("fixed", ["zero=3", "pp=2", "cp=3", "mbs=2", "activation_offload=true"])
+def test_a_fix_beside_it_that_it_cannot_run_is_named(fixed: str) -> None:
+    result = run(
+        "search", "--model", "llama3-8b", "--gpus", "16", "--seq-len", "12288", "--task", "sft",
+        "--doc-lengths", "squad", "--fix", "hybrid_cp=true", "--fix", fixed,
+    )  # fmt: skip
+    assert_user_error(result, "hybrid_cp", fixed.split("=")[0] + "=")

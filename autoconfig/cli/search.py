@@ -193,11 +193,15 @@ def search(
         out = Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
     if emit is not None and defaults.defaulted(ctx, "framework"):
         framework = emit
-    catalog.get_model(model)  # an unknown name is one line before any work starts
+    spec = catalog.get_model(model)  # an unknown name is one line before any work starts
     catalog.get_gpu(gpu)  # the framework was resolved by its flag's callback
-    # a fixed optimizer state the framework cannot keep: one line before any work starts
-    search_run.check_state(catalog.get_framework(framework.value), fixed.get("optimizer_state"))
-    search_run.check_offload(catalog.get_framework(framework.value), fixed.get("offload"))
+    # a fixed optimizer state, offload or dynamic CP the framework or the other fixed values
+    # cannot run: one line before any work starts
+    fw = catalog.get_framework(framework.value)
+    search_run.check_state(fw, fixed.get("optimizer_state"))
+    search_run.check_offload(fw, fixed.get("offload"))
+    packed = what.with_documents(docs, seq_len or spec.seq_len, not padded)
+    search_run.check_hybrid_cp(fw, spec, packed, fixed.get("hybrid_cp"), fixed)
     search_space = load_space(space) if space is not None else None  # a bad file: one line
     opts = measure_options(locals(), cpu) if measure else None
     if opts is not None:

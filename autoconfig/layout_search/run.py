@@ -3,9 +3,10 @@ evaluate and rank every layout, explain the winner, and when nothing fits say wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -105,7 +106,7 @@ def make_request(
         fixed[key] = layout.BY_NAME[key].parse(value, "fix: ")
     check_state(fw, fixed.get("optimizer_state"))
     check_offload(fw, fixed.get("offload"))
-    check_hybrid_cp(fw, spec, what, fixed.get("hybrid_cp"))
+    check_hybrid_cp(fw, spec, what, fixed.get("hybrid_cp"), fixed)
     if max_tp is not None and min(space_spec.tp) > max_tp:
         raise UserError(f"max-tp: {max_tp} is below every tp in the space {space_spec.tp}")
     if "tp" in fixed and max_tp is not None and int(fixed["tp"]) > max_tp:
@@ -146,12 +147,36 @@ def check_offload(fw: FrameworkSpec, mode: object) -> None:
         raise UserError(f"offload: {fw.name} cannot offload {mode} to the CPU (it runs {runs})")
 
 
-def check_hybrid_cp(fw: FrameworkSpec, model: ModelSpec, task: TaskSpec, on: object) -> None:
+def check_hybrid_cp(
+    fw: FrameworkSpec,
+    model: ModelSpec,
+    task: TaskSpec,
+    on: object,
+    fixed: dict[str, object] | None = None,
+) -> None:
     """Dynamic context parallelism fixed on where it cannot run is one UserError line: it
-    splits packed documents (--doc-lengths), needs a framework that runs it, and Megatron-Core
-    refuses it with multi-latent attention (cost.hybrid_cp)."""
+    splits packed documents (--doc-lengths), needs a framework that runs it, Megatron-Core
+    refuses it with multi-latent attention (cost.hybrid_cp), and a value `fixed` beside it
+    that its layout rules refuse (spec.layout.rules) is named with it."""
     if not on:
         return
+    fixed = fixed or {}
+    conflicts: dict[str, Callable[[Any], bool]] = {  # on each dimension's plain value
+        "zero": lambda v: v >= 2,
+        "pp": lambda v: v > 1,
+        "mbs": lambda v: v != 1,
+        "ep": lambda v: v > 1,
+        "cp": lambda v: v < 2 or v & (v - 1) != 0,
+        "activation_offload": bool,
+    }
+    for name, refuses in conflicts.items():
+        value = layout.BY_NAME[name].plain(fixed[name]) if name in fixed else None
+        if value is not None and refuses(value):
+            raise UserError(
+                f"hybrid_cp: dynamic context parallelism cannot run with {name}="
+                f"{value} (it needs cp a power of two above "
+                "1, pp 1, mbs 1, ZeRO 0 or 1, no expert parallelism or activation offload)"
+            )
     if not fw.allows("hybrid_context_parallel"):
         raise UserError(f"hybrid_cp: {fw.name} has no dynamic context parallelism")
     if not task.doc_classes:
