@@ -40,7 +40,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoconfig.cost.inputs import Col, CostInputs, column_fields
+from autoconfig.cost.inputs import Col, CostInputs
 
 # The parts of a step that a per-document pass pays each time (cost.timing.StepTime; pp is 1)
 PER_PASS = ("time_compute_s", "time_launch_s", "time_tp_comm_s", "time_cp_comm_s", "time_ep_comm_s")
@@ -74,6 +74,7 @@ def apply(
     k = len(lengths)
     sub = x.take(hybrid)
     n = len(hybrid)
+    passes = x.take(np.repeat(hybrid, k))  # one row per (layout, class), layout-major
 
     def col(name: str) -> np.ndarray:
         return np.broadcast_to(np.asarray(getattr(sub, name), float), (n,))
@@ -83,13 +84,11 @@ def apply(
     # 2 x dp x cp (x tp with sequence parallelism): utils.py get_batch_on_this_hybrid_cp_rank,
     # whose padding is a TODO there; each document is charged as padded to that multiple.
     quantum = 2.0 * dp * cp * np.where(col("sp") > 0, col("tp"), 1.0)
-    # one row per (layout, class), layout-major
     length = np.tile(lengths, n)
     cp_r, dp_r, seq_r, quantum_r = (np.repeat(v, k) for v in (cp, dp, seq, quantum))
     ranks = ranks_needed(length, seq_r, cp_r)
     padded = np.ceil(length / quantum_r) * quantum_r
     replicas = dp_r * cp_r / ranks
-    passes = _expand(sub, n, k)
     passes = replace(
         passes,
         cp=ranks,
@@ -103,15 +102,12 @@ def apply(
         doc_classes=np.zeros((0, 2)),
     )
     timed = evaluate(passes)
-    per_pass = sum(np.asarray(timed[p], float) for p in PER_PASS)
     # documents a step holds (packed: every token is a document's) and class-k passes a rank runs
     docs = col("gbs") * seq * col("useful_share") / float(shares @ lengths)
     count = np.repeat(docs, k) * np.tile(shares, n) * ranks / (dp_r * cp_r)
     step_old = np.asarray(out["pred_step_time_s"], float)[hybrid]
     new = {p: (count * np.asarray(timed[p], float)).reshape(n, k).sum(axis=1) for p in PER_PASS}
-    step = (count * per_pass).reshape(n, k).sum(axis=1) + sum(
-        np.asarray(out[p], float)[hybrid] for p in ONCE
-    )
+    step = sum(new.values()) + sum(np.asarray(out[p], float)[hybrid] for p in ONCE)
     result = {key: np.array(value, copy=True) for key, value in out.items()}
     for p, value in new.items():
         result[p][hybrid] = value
@@ -122,14 +118,3 @@ def apply(
     for p in ("pred_tokens_per_s_per_gpu", "pred_model_tflops_per_gpu", "pred_mfu"):
         result[p][hybrid] = result[p][hybrid] * scale
     return result
-
-
-def _expand(x: CostInputs, n: int, k: int) -> CostInputs:
-    """`x` (n rows) with every row repeated k times."""
-    values: dict[str, object] = {"kernels": x.kernels, "doc_classes": x.doc_classes}
-    for f in column_fields():
-        value = getattr(x, f.name)
-        values[f.name] = (
-            value if np.ndim(value) == 0 else np.repeat(np.broadcast_to(value, (n,)), k)
-        )
-    return CostInputs(**values)  # type: ignore[arg-type]

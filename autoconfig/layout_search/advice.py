@@ -51,7 +51,7 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
             continue
         rows.append((label, {**layout.plain(best), **change}))
     if rows:  # only changes the layout and framework rules let run (not ZeRO-3 with hybrid CP)
-        allowed = _allowed(layout.frame_of([r for _, r in rows]), request)
+        allowed = runs(request, layout.frame_of([r for _, r in rows]))[0]
         rows = [row for row, ok in zip(rows, allowed, strict=True) if ok]
     if rows:
         out = _evaluate(layout.frame_of([r for _, r in rows]), request)
@@ -62,8 +62,12 @@ def closest_fix(table: pd.DataFrame, request: SearchRequest) -> list[str]:
     return lines
 
 
-def _allowed(frame: pd.DataFrame, r: SearchRequest) -> np.ndarray:
-    """Which layouts of `frame` pass the layout rules and what the framework runs."""
+def runs(
+    r: SearchRequest, frame: pd.DataFrame, layout_rules: bool = True
+) -> tuple[np.ndarray, str]:
+    """Which layouts of `frame` the framework runs (every one of its rules; with
+    `layout_rules`, spec.layout's too), and the first reason one is refused ('' when none
+    is): the one rule check of the search's derived layouts and of the advice."""
     codes = {
         **layout.columns(frame),
         "heads": r.model.heads,
@@ -75,10 +79,17 @@ def _allowed(frame: pd.DataFrame, r: SearchRequest) -> np.ndarray:
         "seq": r.seq_len,
     }
     ok = np.ones(len(frame), bool)
+    first = ""
+    checks = frameworks.rules(r.framework, codes)
+    if layout_rules:
+        checks = layout.rules(codes) + checks
     with np.errstate(all="ignore"):
-        for _, _, bad in [*layout.rules(codes), *frameworks.rules(r.framework, codes)]:
-            ok &= ~np.broadcast_to(bad, ok.shape)
-    return ok
+        for name, rule, bad in checks:
+            bad = np.broadcast_to(np.asarray(bad, bool), ok.shape)
+            if not first and np.any(bad & ok):
+                first = f"{name}: {rule}"
+            ok &= ~bad
+    return ok, first
 
 
 def _evaluate(layouts: pd.DataFrame, request: SearchRequest) -> dict[str, np.ndarray]:
@@ -142,7 +153,7 @@ def parallel_fix(row: pd.Series, request: SearchRequest) -> list[str]:
     frame = layout.frame_of([c for _, c in candidates]).drop_duplicates()
     doublings = pd.Series([k for k, _ in candidates]).loc[frame.index].to_numpy()
     frame = frame.reset_index(drop=True)
-    ok = _allowed(frame, r)
+    ok = runs(r, frame)[0]
     tp, pp, vp, cp = (frame[n].to_numpy() for n in ("tp", "pp", "vp", "cp"))
     ok &= (vp == 1) | (r.model.layers % (pp * vp) == 0)  # interleaving: equal chunks
     widths = {"tp": frame["tp"].to_numpy(), "etp": frame["etp"].to_numpy()}

@@ -16,7 +16,7 @@ from autoconfig.base.errors import UserError
 from autoconfig.columns import frameworks
 from autoconfig.columns.build import Behaviour, Hardware, training_inputs
 from autoconfig.cost import evaluate, optimizer
-from autoconfig.layout_search.advice import closest_fix, fixed_values_missing
+from autoconfig.layout_search.advice import closest_fix, fixed_values_missing, runs
 from autoconfig.layout_search.batch import default_batch
 from autoconfig.layout_search.rank import Constraints, explain_winner, memory_limit_gib, rank
 from autoconfig.layout_search.result import SearchRequest, SearchResult
@@ -202,40 +202,10 @@ def with_hybrid_cp(req: SearchRequest, table: pd.DataFrame) -> pd.DataFrame:
     if not eligible or fixed is False:
         return table
     twins = table[table["cp"] > 1].assign(hybrid_cp=True)
-    twins = twins[_runs(req, twins, layout_rules=True)[0]]  # cp a power of two, pp 1, mbs 1 ...
+    twins = twins[runs(req, twins)[0]]  # cp a power of two, pp 1, mbs 1 ...
     if fixed:
         return twins.reset_index(drop=True)
     return pd.concat([table, twins], ignore_index=True)
-
-
-def _runs(
-    req: SearchRequest, table: pd.DataFrame, layout_rules: bool = False
-) -> tuple[np.ndarray, str]:
-    """Which layouts of `table` the framework runs (every one of its rules; with
-    `layout_rules`, spec.layout's too), and the first reason it refuses one ('' when it runs
-    them all)."""
-    shape = {
-        "heads": float(req.model.heads),
-        "kv_heads": float(req.model.kv),
-        "layers": float(req.model.layers),
-        "experts": float(req.model.num_experts),
-        "num_gpus": float(req.gpus),
-        "gbs": float(req.gbs),
-        "seq": float(req.seq_len),
-    }
-    c = {**layout.columns(table), **shape}
-    ok = np.ones(len(table), bool)
-    first = ""
-    checks = frameworks.rules(req.framework, c)
-    if layout_rules:
-        checks = layout.rules(c) + checks
-    with np.errstate(all="ignore"):
-        for name, rule, bad in checks:
-            bad = np.broadcast_to(np.asarray(bad, bool), ok.shape)
-            if not first and np.any(bad & ok):
-                first = f"{name}: {rule}"
-            ok &= ~bad
-    return ok, first
 
 
 def evaluate_all(req: SearchRequest) -> SearchResult:
@@ -260,14 +230,14 @@ def evaluate_all(req: SearchRequest) -> SearchResult:
     if fixed_offload is not None and Offload(fixed_offload) is not Offload.NONE:
         # a fixed offload is every layout's, where the framework runs it with that layout
         table = table.assign(offload=Offload(fixed_offload).value)
-        ok, why = _runs(req, table)
+        ok, why = runs(req, table, layout_rules=False)
         if not ok.any():
             raise UserError(why)
         table = table[ok].reset_index(drop=True)
     if req.constraints.fixed.get("activation_offload"):
         # every layout's, where the framework and the layout rules let it run
         table = table.assign(activation_offload=True)
-        ok, why = _runs(req, table, layout_rules=True)
+        ok, why = runs(req, table)
         if not ok.any():
             raise UserError(why)
         table = table[ok].reset_index(drop=True)
@@ -378,36 +348,35 @@ def offloaded(
     if not len(todo):
         return
     best_step = np.full(len(todo), np.inf)
-    best: list[dict[str, object]] = [{} for _ in todo]
     got_rows: dict[str, np.ndarray] = {k: preds[k][todo].copy() for k in preds}
+    names = ("offload", "activation_offload")
+    original = {n: table[n].to_numpy(dtype=object)[todo] for n in names}
+    chosen = {n: column.copy() for n, column in original.items()}
     for option in options:
-        plain: dict[str, object] = {
-            k: v.value if isinstance(v, Choice) else v for k, v in option.items()
-        }
+        plain = {k: v.value if isinstance(v, Choice) else v for k, v in option.items()}
         subset = table.iloc[todo].assign(**plain)
-        runs = _runs(req, subset, layout_rules=True)[0]
-        if not runs.any():
+        ok = runs(req, subset)[0]
+        if not ok.any():
             continue
-        x = training_inputs(req.model, hardware, subset[runs], req.gbs, req.seq_len, does)
+        x = training_inputs(req.model, hardware, subset[ok], req.gbs, req.seq_len, does)
         got = evaluate(x)
-        tried = np.flatnonzero(runs)
+        tried = np.flatnonzero(ok)
         fits = (got["pred_peak_mem_gib"] <= limit[todo][tried]) & ~(
             got["mem_host_gib"] > got["host_capacity_gib"]
         )
         faster = fits & (got["pred_step_time_s"] < best_step[tried])
-        for pos, row in zip(np.flatnonzero(faster), tried[faster], strict=True):
-            best_step[row] = got["pred_step_time_s"][pos]
-            best[row] = plain
-            for key, values in got.items():
-                got_rows[key][row] = values[pos]
-    chosen = np.flatnonzero(np.isfinite(best_step))
+        rows = tried[faster]
+        best_step[rows] = got["pred_step_time_s"][faster]
+        for key, values in got.items():
+            got_rows[key][rows] = values[faster]
+        for name in names:  # an option leaves what it does not name as the layout had it
+            chosen[name][rows] = plain[name] if name in plain else original[name][rows]
+    taken = np.isfinite(best_step)
     for key in preds:
-        preds[key][todo[chosen]] = got_rows[key][chosen]
-    for name in ("offload", "activation_offload"):
+        preds[key][todo[taken]] = got_rows[key][taken]
+    for name in names:
         column = table[name].to_numpy(dtype=object, copy=True)
-        for row in chosen:
-            if name in best[row]:
-                column[todo[row]] = best[row][name]
+        column[todo[taken]] = chosen[name][taken]
         table[name] = column.astype(bool) if name == "activation_offload" else column
 
 
