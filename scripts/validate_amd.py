@@ -23,14 +23,19 @@ from autoconfig.calibrate import amd_validation as amd
 DOC = Path(__file__).resolve().parent.parent / "docs" / "amd_validation.md"
 
 INTRO = """\
-No measured AMD kernels ship. Each AMD profile names a measured NVIDIA chip's tables as its
-stand-in (`kernel_table`, `kernel_table_stand_in`): MI300X and MI325X the H200's, MI350X and
-MI355X the B200's. A table's rate becomes an efficiency against the NVIDIA chip's datasheet
-peak, and that efficiency times the AMD part's own datasheet peak (dense, without sparsity) is
-its rate; collectives inside a node take the NVIDIA chip's measured NCCL times. The remaining
-constants (memory share, kernel launch, bus shares, latencies, step overhead) are the shared fit
-every profile carries. Nothing here was fitted on an AMD run: these rows are the only check of
-the stand-in. Rows go through `autoconfig.calibrate.validation.predictions`, the path of
+Each AMD profile names a measured NVIDIA chip's tables as its stand-in (`kernel_table`,
+`kernel_table_stand_in`): MI300X and MI325X the H200's, MI350X and MI355X the B200's. A table's
+rate becomes an efficiency against the NVIDIA chip's datasheet peak, and that efficiency times
+the AMD part's own datasheet peak (dense, without sparsity) is its rate. GEMMs are then carried
+by AMD's own measurements (`gemm_rates`; autoconfig/profiles/gemm_rates/amd_aiter/, distilled
+by scripts/distill_amd_gemm.py from the tuned-GEMM tables of AMD's aiter library): per format,
+the median over the measured training-sized shapes of the part's measured efficiency over the
+stand-in table's at the same shape (below). No AMD attention kernel was measured: attention
+takes the bf16 GEMMs' ratio where one was measured (304 compute units) and the stand-in's
+efficiency where not. Collectives inside a node take the NVIDIA chip's measured NCCL times.
+The remaining constants (memory share, kernel launch, bus shares, latencies, step overhead) are
+the shared fit every profile carries. Nothing here was fitted on an AMD run: these rows are the
+only check. Rows go through `autoconfig.calibrate.validation.predictions`, the path of
 docs/validation.md; what they ran that their columns do not say is stated in
 `autoconfig/calibrate/amd_validation.py` with its source (MangoBoost's LLMBoost rows read as
 NeMo runs, the LoRA targets).
@@ -38,6 +43,15 @@ NeMo runs, the LoRA targets).
 The guess is docs/validation.md's: 40% of the GPU's dense 16-bit peak (1.5x for fp8 rows) over
 6 N + 12 L h s FLOPs per token, at the AMD part's own peak (MI300X and MI325X 1,307.4 TFLOP/s,
 MI350X 2,306.9, MI355X 2,516.6). Median absolute percentage errors of tokens/s/GPU."""
+
+PAIRS = """\
+Two parts of one compute-unit count run the same layout in one submission: the measured
+throughput of the second over the first, and what the model gives. The model's ratio is what
+their datasheet figures differ by that it times (HBM bandwidth; the measured GEMM times are the
+same for both parts of a count, since the tables do not say which part was measured). The
+measured ratio beyond it is what it does not time: sustained clocks under the board power
+(MI300X 750 W and MI325X 1,000 W carry the same die and the same 2,100 MHz peak; MI350X 1,000 W
+at 2,200 MHz, MI355X 1,400 W at 2,400). That is the op missing from the MI300X rows' time."""
 
 
 def _md(frame: pd.DataFrame, digits: int = 1) -> str:
@@ -79,6 +93,16 @@ def render(out: pd.DataFrame, elapsed_s: float) -> str:
         "## By source group and GPU",
         "",
         _md(amd.group_table(out)),
+        "",
+        "## AMD's measured GEMM efficiency over the stand-in tables'",
+        "",
+        _md(amd.rate_table(), 3),
+        "",
+        "## Same die, different board power",
+        "",
+        PAIRS,
+        "",
+        _md(amd.same_die_pairs(out), 3),
         "",
         "## Rows not predicted, and why",
         "",

@@ -1,9 +1,11 @@
 """Checks the AMD Instinct profiles against the published AMD runs (amd_training_runs.csv).
 
-No measured AMD kernels ship: the MI300X and MI325X profiles are timed by the H200 tables and
-the MI350X and MI355X by the B200 tables, each at its own datasheet peaks, with the constants
-every chip shares. These rows were not used to fit anything; they are the only check of that
-stand-in. Rows go through the same path as the NVIDIA validation (`validation.predictions`).
+The MI300X and MI325X profiles are timed by the H200 tables and the MI350X and MI355X by the
+B200 tables, each at its own datasheet peaks, with the constants every chip shares; their GEMMs
+(and MI300X's and MI325X's attention) at AMD's measured GEMM efficiency over the stand-in's
+(columns.gemm_rates, from AMD's aiter tuning tables). These rows were not used to fit
+anything; they are the only check of that stand-in. Rows go through the same path as the NVIDIA
+validation (`validation.predictions`).
 
 What the rows ran that their columns do not say, or that the model cannot describe, is stated
 here once with its source, as `validation.SOURCE_FACTS` does for the NVIDIA rows.
@@ -18,6 +20,8 @@ import numpy as np
 import pandas as pd
 
 from autoconfig.calibrate import validation
+from autoconfig.columns import gemm_rates, kernel_index
+from autoconfig.spec import catalog
 
 RUNS_FILE = "amd_training_runs.csv"
 AMD_GPUS = ("mi300x", "mi325x", "mi350x", "mi355x")
@@ -212,3 +216,53 @@ def row_table(out: pd.DataFrame) -> pd.DataFrame:
             "guess_ape": "guess_ape_%",
         }
     )
+
+
+def rate_table() -> pd.DataFrame:
+    """Each AMD GPU's measured GEMM efficiency over its stand-in table's, by format: the
+    median over the measured shapes with the least and greatest shape's."""
+    rows = []
+    for name in AMD_GPUS:
+        gpu = catalog.get_gpu(name)
+        peaks = kernel_index.stand_in_peaks(gpu)
+        for fmt, r in gemm_rates.gemm_ratios(gpu, peaks).items():
+            rows.append(
+                {
+                    "gpu": name,
+                    "stand_in": gpu.kernel_table,
+                    "compute_units": gpu.sms,
+                    "format": fmt,
+                    "shapes": r.shapes,
+                    "ratio": r.ratio,
+                    "least": r.low,
+                    "greatest": r.high,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def same_die_pairs(out: pd.DataFrame) -> pd.DataFrame:
+    """Rows of one source group run in the same layout on two AMD parts with the same compute
+    units (MI300X and MI325X: the same die at 750 and 1,000 W): the measured and predicted
+    throughput of the second over the first. What the model gives the pair is what its
+    datasheet figures differ by (HBM bandwidth and capacity); a measured ratio beyond it is
+    what those figures do not say (sustained clocks under the board power)."""
+    scored = out[out["outcome"] == "predicted"].copy()
+    scored["compute_units"] = scored["gpu"].map(lambda g: catalog.get_gpu(g).sms)
+    layout = ["source_group", "compute_units", "num_gpus", "tp", "pp", "cp", "mbs", "gbs"]
+    rows = []
+    for key, g in scored.groupby(layout, sort=True, dropna=False):
+        if g["gpu"].nunique() != 2:
+            continue
+        first, second = (g[g["gpu"] == gpu].iloc[0] for gpu in sorted(g["gpu"].unique()))
+        rows.append(
+            {
+                "source_group": key[0],
+                "pair": f"{second['gpu']} / {first['gpu']}",
+                "gpus": int(first["num_gpus"]),
+                "measured_ratio": second["measured_tps"] / first["measured_tps"],
+                "predicted_ratio": second["pred_tokens_per_s_per_gpu"]
+                / first["pred_tokens_per_s_per_gpu"],
+            }
+        )
+    return pd.DataFrame(rows)

@@ -5,7 +5,10 @@ A GPU profile names its tables (`GPUSpec.kernel_table`, a folder of profiles/ker
 table's rates become efficiencies against the datasheet peaks of the GPU it was measured on
 (the profile naming it without a stand-in note), so a GPU timed by another's tables (a
 stand-in) runs at those efficiencies times its own peaks; such a GPU is named once on stderr
-with the reason its profile gives.
+with the reason its profile gives. A stand-in GPU with measured GEMM rates of its own
+(`GPUSpec.gemm_rates`) gets its own code: the stand-in's tables, each GEMM format's efficiency
+times that GPU's measured ratio (columns.gemm_rates), attention's times the bf16 one where
+measured (no attention kernel of these GPUs was).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import overload
 
+from autoconfig.columns.gemm_rates import describe, gemm_ratios
 from autoconfig.columns.kernel_catalog import kernel_chips, kernel_tables
 from autoconfig.cost.kernel_tables import KernelTables
 from autoconfig.cost.kernel_time import KernelSet
@@ -32,7 +36,7 @@ class _LazyTables(Sequence[KernelTables]):
     (a search on one GPU reads one chip's, not eight)."""
 
     def __init__(self, names: tuple[str, ...]) -> None:
-        self._names = names
+        self._names = names  # a table's folder, or folder@gpu for a GPU's rated copy
 
     def __len__(self) -> int:
         return len(self._names)
@@ -44,28 +48,53 @@ class _LazyTables(Sequence[KernelTables]):
     def __getitem__(self, code: int | slice) -> KernelTables | Sequence[KernelTables]:
         if isinstance(code, slice):
             return [self[i] for i in range(len(self))[code]]
-        table = kernel_tables(self._names[code])
+        table = kernel_tables(self._names[code].split("@")[0])
         if table is None:  # the folder was listed as shipped a moment ago
             raise FileNotFoundError(f"kernel tables '{self._names[code]}' are missing")
         return table
 
 
+def _measured_peaks(table: str) -> dict[str, float]:
+    """Dense peaks by table format (and attention's, the 16-bit one) of the GPU `table` was
+    measured on: the profile naming it without a stand-in note."""
+    gpus = catalog.gpus().values()
+    native = [g for g in gpus if g.kernel_table == table and not g.kernel_table_stand_in]
+    owner = native[0] if native else next(g for g in gpus if g.kernel_table == table)
+    peak = owner.peak_tflops
+    peaks = {fmt: peak.get(p) or peak.get("fp8") or peak["bf16"] for fmt, p in FORMAT_PEAK.items()}
+    return {**peaks, "attention": peak["bf16"]}
+
+
+def stand_in_peaks(gpu: GPUSpec) -> dict[str, float]:
+    """The dense peaks, by table format, of the chip `gpu`'s tables were measured on."""
+    return _measured_peaks(gpu.kernel_table)
+
+
+def _rated_name(gpu: GPUSpec) -> str:
+    return f"{gpu.kernel_table}@{gpu.name}"
+
+
 @lru_cache(maxsize=1)
 def _tables() -> tuple[tuple[str, ...], KernelSet]:
     """The tables some GPU profile names and the package ships, in name order, with the
-    peaks of the GPU each was measured on."""
+    peaks of the GPU each was measured on; then each rated stand-in GPU's copy, whose peaks
+    are divided by its measured ratios (an efficiency is rate / peak)."""
     gpus = catalog.gpus().values()
     shipped = set(kernel_chips())
-    names = tuple(sorted({g.kernel_table for g in gpus if g.kernel_table} & shipped))
-    peaks = []
-    for name in names:
-        native = [g for g in gpus if g.kernel_table == name and not g.kernel_table_stand_in]
-        owner = native[0] if native else next(g for g in gpus if g.kernel_table == name)
-        peak = owner.peak_tflops
-        peaks.append(
-            {fmt: peak.get(p) or peak.get("fp8") or peak["bf16"] for fmt, p in FORMAT_PEAK.items()}
-        )
-    return names, KernelSet(_LazyTables(names), tuple(peaks))
+    names = sorted({g.kernel_table for g in gpus if g.kernel_table} & shipped)
+    peaks = [_measured_peaks(name) for name in names]
+    for gpu in sorted(gpus, key=lambda g: g.name):
+        if gpu.gemm_rates and gpu.kernel_table in shipped:
+            base = _measured_peaks(gpu.kernel_table)
+            ratios = gemm_ratios(gpu, base)
+            names.append(_rated_name(gpu))
+            rated = {f: base[f] / r.ratio for f, r in ratios.items()}
+            # Flash attention is 16-bit matrix-core work as a bf16 GEMM is: with no attention
+            # kernel of the GPU measured, it takes the bf16 GEMMs' ratio where one was measured.
+            if "bf16" in ratios:
+                rated["attention"] = base["attention"] / ratios["bf16"].ratio
+            peaks.append({**base, **rated})
+    return tuple(names), KernelSet(_LazyTables(tuple(names)), tuple(peaks))
 
 
 def kernel_set() -> KernelSet:
@@ -79,7 +108,12 @@ def table_code(gpu: GPUSpec) -> int:
     names = _tables()[0]
     if gpu.kernel_table not in names:
         return -1
+    rated = gpu.gemm_rates and _rated_name(gpu) in names
     if gpu.kernel_table_stand_in and gpu.name not in _told:
         _told.add(gpu.name)
-        print(f"{gpu.name}: timed by {gpu.kernel_table_stand_in}", file=sys.stderr)
-    return names.index(gpu.kernel_table)
+        note = f"{gpu.name}: timed by {gpu.kernel_table_stand_in}"
+        if rated:
+            ratios = gemm_ratios(gpu, _measured_peaks(gpu.kernel_table))
+            note += f"; its GEMMs at its measured efficiency over the tables': {describe(ratios)}"
+        print(note, file=sys.stderr)
+    return names.index(_rated_name(gpu) if rated else gpu.kernel_table)

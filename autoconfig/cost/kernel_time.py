@@ -151,7 +151,7 @@ def attention_efficiency(
         table, peaks = kernels.tables[code], kernels.peaks[code]
         d, s, h = (np.maximum(np.asarray(c, float), 1.0) for c in coords)
         rate = grid_lookup(table.attention, d, s, h) * over
-        return rate / peaks["bf16"]
+        return rate / peaks.get("attention", peaks["bf16"])
 
     return _per_chip(kernels, codes, np.float32(0.0), (head_dim, seq, heads), efficiency)
 

@@ -497,6 +497,13 @@ class GPUSpec(_Spec):
         description="why another GPU's tables stand in for this one's, with the datasheet "
         "ratios that differ; '' where the tables were measured on this GPU",
     )
+    gemm_rates: str = Field(
+        default="",
+        pattern=r"^[a-z0-9_]*$",
+        description="with a stand-in: measured GEMM times of this GPU (a folder of "
+        "profiles/gemm_rates/, rows for its compute-unit count `sms`) that carry the stand-in "
+        "tables' GEMM efficiencies to it, format by format (columns.gemm_rates); '' for none",
+    )
 
     @field_validator("measured_efficiency")
     @classmethod

@@ -1,0 +1,114 @@
+"""Measured GEMM rates of a GPU whose kernel tables are another chip's (the AMD Instinct parts,
+timed by NVIDIA tables): by table format, how its measured GEMM efficiency compares with the
+stand-in table's at the same shapes.
+
+A profile names the rates (`GPUSpec.gemm_rates`, a folder of profiles/gemm_rates/ holding
+gemm.csv and provenance.yaml, distilled by scripts/distill_amd_gemm.py) and its compute-unit
+count (`sms`) picks its rows. For each measured shape the fastest measured kernel counts (a
+tuned library picks it); its efficiency (2 x batch x m x n x k / time, over this GPU's dense
+peak of the format) divided by the stand-in table's efficiency at (batch x m, n, k) is that
+shape's ratio, and the median over shapes is the format's. The stand-in's GEMM efficiencies
+times that ratio then time this GPU's GEMMs; formats it did not measure keep the stand-in's.
+No attention kernel of these GPUs was measured: attention takes the bf16 GEMMs' ratio where
+one was measured, the stand-in's efficiency where not (kernel_index).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+
+import numpy as np
+import pandas as pd
+
+from autoconfig.columns.kernel_catalog import kernel_tables
+from autoconfig.cost.kernel_tables import gemm_seconds
+from autoconfig.spec.schema import GPUSpec
+
+RATES_FOLDER = "gemm_rates"
+# The profile precision whose dense peak each table format's efficiency is taken against.
+FORMAT_PEAK = {"bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4"}
+
+
+@dataclass(frozen=True)
+class RateRatio:
+    """One format's measured efficiency over the stand-in table's, median over shapes."""
+
+    ratio: float
+    shapes: int
+    low: float  # the least and greatest shape's ratio
+    high: float
+
+
+@cache
+def measured_gemm(folder: str) -> pd.DataFrame:
+    """The rows of profiles/gemm_rates/<folder>/gemm.csv; one line naming the folder where it
+    is missing."""
+    path = files("autoconfig") / "profiles" / RATES_FOLDER / folder / "gemm.csv"
+    if not folder or not path.is_file():
+        raise ValueError(f"gemm_rates: no measured GEMM rates named {folder!r} ship")
+    return pd.read_csv(io.BytesIO(path.read_bytes()))
+
+
+def gemm_ratios(gpu: GPUSpec, stand_in_peaks: dict[str, float]) -> dict[str, RateRatio]:
+    """By table format, `gpu`'s measured GEMM efficiency over its stand-in table's at the same
+    shapes (`stand_in_peaks`: the dense peaks, by format, of the chip the table measured);
+    empty where the profile names no rates."""
+    if not gpu.gemm_rates:
+        return {}
+    own = tuple(sorted((fmt, gpu.peak(p)) for fmt, p in FORMAT_PEAK.items()))
+    theirs = tuple(sorted(stand_in_peaks.items()))
+    return dict(_ratios(gpu.gemm_rates, gpu.kernel_table, gpu.sms, own, theirs))
+
+
+@cache
+def _ratios(
+    folder: str,
+    table_name: str,
+    compute_units: int,
+    own_peaks: tuple[tuple[str, float], ...],
+    stand_in_peaks: tuple[tuple[str, float], ...],
+) -> tuple[tuple[str, RateRatio], ...]:
+    rows = measured_gemm(folder)
+    rows = rows[rows["cu_num"] == compute_units]
+    if rows.empty:
+        measured = sorted(measured_gemm(folder)["cu_num"].unique())
+        raise ValueError(
+            f"gemm_rates: {folder!r} measured no GPU of {compute_units} compute units "
+            f"(measured: {', '.join(str(c) for c in measured)})"
+        )
+    table = kernel_tables(table_name)
+    if table is None:
+        raise ValueError(f"gemm_rates: the stand-in tables {table_name!r} do not ship")
+    own, theirs = dict(own_peaks), dict(stand_in_peaks)
+    out = []
+    for fmt, group in rows.groupby("format", sort=True):
+        if fmt not in table.gemm:
+            continue
+        # The fastest measured kernel of each shape: a tuned library calls it.
+        shapes = group.sort_values("us").drop_duplicates(["batch", "m", "n", "k"])
+        m = (shapes["batch"] * shapes["m"]).to_numpy(np.float64)
+        n, k = shapes["n"].to_numpy(np.float64), shapes["k"].to_numpy(np.float64)
+        flops = 2.0 * m * n * k
+        measured = flops / (shapes["us"].to_numpy(np.float64) * 1e-6) / own[str(fmt)]
+        stand_in = flops / gemm_seconds(table, str(fmt), m, n, k) / theirs[str(fmt)]
+        ratio = measured / stand_in
+        out.append(
+            (
+                str(fmt),
+                RateRatio(
+                    float(np.median(ratio)), len(ratio), float(ratio.min()), float(ratio.max())
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def describe(ratios: dict[str, RateRatio]) -> str:
+    """One clause for the stand-in note: each format's ratio with its shape count and range."""
+    return ", ".join(
+        f"{fmt} {r.ratio:.2f}x ({r.shapes} shapes, {r.low:.2f}-{r.high:.2f})"
+        for fmt, r in ratios.items()
+    )
