@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -68,38 +69,51 @@ def fitted() -> dict:
     }
 
 
+def _set_efficiency(text: str, values: dict[str, float]) -> str:
+    """`text` (a profile's YAML) with each of `values` rewritten where it stands in the
+    `efficiency:` block: the rest of the file, its comments and hand-written sources
+    included, stays as it was (a YAML dump would drop the comments)."""
+    head, block, tail = text.partition("\nefficiency:\n")
+    end = re.search(r"^\S", tail, flags=re.MULTILINE)
+    body, rest = (tail[: end.start()], tail[end.start() :]) if end else (tail, "")
+    for key, value in values.items():
+        body, found = re.subn(
+            rf"^(  {key}: ).*$", rf"\g<1>{value}", body, count=1, flags=re.MULTILINE
+        )
+        if not found:
+            raise ValueError(f"{key} is not in the profile's efficiency block")
+    return head + block + body + rest
+
+
+def _provenance_counts(fit: dict) -> str:
+    rows = sum(fit["rows_by_chip"].values())
+    return f"{rows} published runs of {', '.join(sorted(fit['rows_by_chip']))}"
+
+
 def write_profiles(fit: dict) -> None:
-    """Writes the fitted constants into every GPU profile of a fitted family (a family without
-    published runs takes the h100 fit and says so; the CPU profile is calibrate's)."""
+    """Writes the fitted constants into every GPU profile (a family without published runs
+    takes the h100 fit; the CPU profile is calibrate's), value by value in place. A profile
+    whose provenance does not name this fit's run counts is named: its text is people's to
+    update."""
     constants = fit["constants"]
+    counts = _provenance_counts(fit)
     for path in sorted(Path(str(resources.profiles() / "gpus")).glob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
         chip = data["chip"]
         if chip == "cpu":  # the trainer's CPU profile is refitted from its own runs by calibrate
             continue
         source_chip = chip if chip in constants else FALLBACK_CHIP
-        eff = data["efficiency"]
         # Only the shared constants: a profile's GEMM and attention efficiencies time its GPU
         # only where it names no kernel tables, and stay as they were fitted for that.
         shared = constants[source_chip]
-        eff.update({k: round(v, 5) for k, v in shared.items() if k in SHARED_CONSTANTS})
-        eff["memory_overhead"] = round(fit["memory_overhead"], 5)
-        eff["memory_reserved_gib"] = round(fit["memory_reserved_gib"], 4)
-        rows = sum(fit["rows_by_chip"].values())
-        how = (
-            f"{', '.join(SHARED_CONSTANTS)}: one value for every chip, fitted by "
-            f"scripts/fit_profiles.py on {rows} published runs of "
-            f"{', '.join(sorted(fit['rows_by_chip']))} (the sha256(run_id) % 3 == 0 third of "
-            "../shared/reference/training_runs.csv, each source group weighted once); GEMMs, "
-            "flash attention and NVLink collectives are timed by the measured kernel tables "
-            "the profile names (kernel_table), and gemm/attention here only where it names none"
-        )
-        eff["provenance"] = how + (
-            f"; memory constants from {fit['peak_rows']} measured peaks and the fits/does-not-fit "
-            f"status of {fit['status_rows']} runs"
-        )
-        Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
-        print("wrote", path)
+        values = {k: round(v, 5) for k, v in shared.items() if k in SHARED_CONSTANTS}
+        values["memory_overhead"] = round(fit["memory_overhead"], 5)
+        values["memory_reserved_gib"] = round(fit["memory_reserved_gib"], 4)
+        path.write_text(_set_efficiency(text, values))
+        provenance = " ".join(str(data["efficiency"].get("provenance", "")).split())
+        stale = "" if counts in provenance else f" (its provenance does not say {counts})"
+        print("wrote", path, stale)
 
 
 def main() -> None:

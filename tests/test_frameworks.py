@@ -489,7 +489,7 @@ YES_OR_NO = {
     "does": ["flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_overlap",
              "p2p_overlap", "cuda_graphs", "fused_kernels", "ep_dedup", "fp8_params",
              "grad_reduce_bf16", "sp_saves_gathered", "zero2_gathers_every_micro_batch",
-             "fsdp_copies"],
+             "fsdp_copies", "pipeline_p2p_serial"],
 }  # fmt: skip
 
 
@@ -844,3 +844,26 @@ def test_deepspeed_bf16_optimizer_all_reduces_and_copies_fp32_gradients() -> Non
     assert compute[0] > 1.05 * compute[1]  # 26 bytes a parameter in each of 128 micro-batches
     # ZeRO-2 runs DeepSpeed's ZeRO optimizer whatever the column says
     assert dp[2] == pytest.approx(dp[3]) and compute[2] == pytest.approx(compute[3])
+
+
+def test_a_pipeline_that_sends_and_receives_one_at_a_time_pays_twice_the_transfers() -> None:
+    """DeepSpeed's and nanotron's pipeline engines send and receive one blocking transfer at a
+    time (four a micro-batch); Megatron-Core and torch.distributed.pipelining batch each send
+    with its receive (two). MT-NLG's layout, with and without the serial flag: the exposed
+    pipeline time doubles and nothing else moves."""
+    serial = {
+        name: float(frameworks.behaviour(catalog.get_framework(name), "bf16").p2p_serial)
+        for name in ("deepspeed", "nanotron", "megatron", "nemo", "torchtitan")
+    }
+    assert serial == {
+        "deepspeed": 1.0, "nanotron": 1.0, "megatron": 0.0, "nemo": 0.0, "torchtitan": 0.0
+    }  # fmt: skip
+    layout = {"tp": 8, "pp": 35, "dp": 8, "mbs": 1, "gbs": 1920, "seq": 2048, "recompute": 2}
+    plain = step_time(make_inputs("mt-nlg-530b", **layout))
+    twice = step_time(make_inputs("mt-nlg-530b", p2p_serial=1.0, **layout))
+    assert float(plain.pp_comm) > 0
+    assert float(twice.pp_comm) == pytest.approx(2 * float(plain.pp_comm))
+    assert float(twice.compute) == pytest.approx(float(plain.compute))
+    assert float(twice.bubble) == pytest.approx(float(plain.bubble))
+    one_stage = {**layout, "pp": 1, "dp": 280}
+    assert float(step_time(make_inputs("mt-nlg-530b", p2p_serial=1.0, **one_stage)).pp_comm) == 0

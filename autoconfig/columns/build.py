@@ -106,6 +106,7 @@ class Behaviour:
     # parameter in every micro-batch into its own gradient copy, and a whole all-reduce of it
     # before the sharded step instead of a reduce-scatter.
     bf16_optimizer: Values = 0.0
+    p2p_serial: Values = 0.0  # a stage's pipeline sends and receives one at a time, blocking
     bf16_pass_bytes: Values = 0.0
     # The run's task (spec.task.TaskSpec.columns: vocab.Task and vocab.LoraTargets codes, the
     # adapters' rank): what the framework is asked to train, pretraining by default.

@@ -201,6 +201,7 @@ def behaviour(
         overlap_param_gather=float(does.overlap_param_gather.value),
         tp_overlap=float(does.tp_overlap.value),
         p2p_overlap=float(does.p2p_overlap.value),
+        p2p_serial=1.0 if does.pipeline_p2p_serial.value else 0.0,
         cuda_graphs=float(does.cuda_graphs.value),
         fused_kernels=float(does.fused_kernels.value),
         ep_dedup=float(does.ep_dedup.value),

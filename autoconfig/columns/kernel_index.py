@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import overload
 
 from autoconfig.columns.gemm_rates import describe, gemm_ratios
@@ -74,27 +74,57 @@ def _rated_name(gpu: GPUSpec) -> str:
     return f"{gpu.kernel_table}@{gpu.name}"
 
 
+def _peaks(name: str) -> dict[str, float]:
+    """The peaks an efficiency divides a table's rate by: those of the chip a table was
+    measured on; for a rated stand-in GPU's copy (folder@gpu), those divided by its measured
+    ratios (an efficiency is rate / peak)."""
+    table, _, rated_gpu = name.partition("@")
+    base = _measured_peaks(table)
+    if not rated_gpu:
+        return base
+    ratios = gemm_ratios(catalog.get_gpu(rated_gpu), base)
+    rated = {f: base[f] / r.ratio for f, r in ratios.items()}
+    # Flash attention is 16-bit matrix-core work as a bf16 GEMM is: with no attention kernel
+    # of the GPU measured, it takes the bf16 GEMMs' ratio where one was measured.
+    if "bf16" in ratios:
+        rated["attention"] = base["attention"] / ratios["bf16"].ratio
+    return {**base, **rated}
+
+
+class _LazyPeaks(Sequence[dict[str, float]]):
+    """The peaks by code, each worked out the first time a row needs it: a rated copy's read
+    the stand-in's tables and the measured GEMM times, which a search on another GPU skips."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self._names = names
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    @overload
+    def __getitem__(self, code: int) -> dict[str, float]: ...
+    @overload
+    def __getitem__(self, code: slice) -> Sequence[dict[str, float]]: ...
+    def __getitem__(self, code: int | slice) -> dict[str, float] | Sequence[dict[str, float]]:
+        if isinstance(code, slice):
+            return [self[i] for i in range(len(self))[code]]
+        return _cached_peaks(self._names[code])
+
+
+@cache
+def _cached_peaks(name: str) -> dict[str, float]:
+    return _peaks(name)
+
+
 @lru_cache(maxsize=1)
 def _tables() -> tuple[tuple[str, ...], KernelSet]:
-    """The tables some GPU profile names and the package ships, in name order, with the
-    peaks of the GPU each was measured on; then each rated stand-in GPU's copy, whose peaks
-    are divided by its measured ratios (an efficiency is rate / peak)."""
+    """The tables some GPU profile names and the package ships, in name order; then each
+    rated stand-in GPU's copy (folder@gpu), with their peaks (_peaks)."""
     gpus = catalog.gpus().values()
     shipped = set(kernel_chips())
     names = sorted({g.kernel_table for g in gpus if g.kernel_table} & shipped)
-    peaks = [_measured_peaks(name) for name in names]
-    for gpu in sorted(gpus, key=lambda g: g.name):
-        if gpu.gemm_rates and gpu.kernel_table in shipped:
-            base = _measured_peaks(gpu.kernel_table)
-            ratios = gemm_ratios(gpu, base)
-            names.append(_rated_name(gpu))
-            rated = {f: base[f] / r.ratio for f, r in ratios.items()}
-            # Flash attention is 16-bit matrix-core work as a bf16 GEMM is: with no attention
-            # kernel of the GPU measured, it takes the bf16 GEMMs' ratio where one was measured.
-            if "bf16" in ratios:
-                rated["attention"] = base["attention"] / ratios["bf16"].ratio
-            peaks.append({**base, **rated})
-    return tuple(names), KernelSet(_LazyTables(tuple(names)), tuple(peaks))
+    names += sorted(_rated_name(g) for g in gpus if g.gemm_rates and g.kernel_table in shipped)
+    return tuple(names), KernelSet(_LazyTables(tuple(names)), _LazyPeaks(tuple(names)))
 
 
 def kernel_set() -> KernelSet:

@@ -176,6 +176,7 @@ class CostInputs:
     # 1 where a bf16 run at ZeRO 0/1 uses DeepSpeed's BF16_Optimizer, and the bytes a parameter
     # its gradient copy costs every micro-batch (Behaviour).
     bf16_optimizer: Col
+    p2p_serial: Col  # 1: a stage's pipeline sends and receives run one at a time (4 a micro-batch)
     bf16_pass_bytes: Col
     peak_bf16_flops: Col  # MFU is quoted against the bf16 peak for every precision
     # The training task (vocab.Task codes: pretrain 0, sft 1, lora 2, qlora 3), the LoRA
@@ -281,6 +282,7 @@ OPTIONAL_COLUMNS = {
     "pipeline_reduce_after_backward": 0.0,
     "fsdp_copies": 0.0,
     "bf16_optimizer": 0.0,
+    "p2p_serial": 0.0,
     "bf16_pass_bytes": 0.0,
     "etp": 1.0,
     "kernel_chip": -1.0,

@@ -55,7 +55,7 @@ class KernelSet:
     datasheet dense peak, TFLOP/s by table format, of the chip each was measured on."""
 
     tables: Sequence[KernelTables] = ()
-    peaks: tuple[dict[str, float], ...] = field(default=())
+    peaks: Sequence[dict[str, float]] = field(default=())
 
     def __bool__(self) -> bool:
         return bool(self.tables)

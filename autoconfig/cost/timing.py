@@ -418,7 +418,10 @@ def step_time(
     p2p_one = comm.p2p(p2p_bytes, comm.pp_link(x))
     # Frameworks overlap pipeline sends with the interleaved schedule only.
     p2p_one = _exposed(p2p_one, np.where(x.vp > 1, x.p2p_overlap, 0.0), f_layer)
-    pp_comm = np.where(x.pp > 1, (m * x.vp + x.pp - 1.0) * 2.0 * p2p_one, 0.0)
+    # Two exchanges a micro-batch (forward and backward), each a batched send and receive; four
+    # transfers where the framework sends and receives one at a time (p2p_serial).
+    exchanges = 2.0 + 2.0 * x.p2p_serial
+    pp_comm = np.where(x.pp > 1, (m * x.vp + x.pp - 1.0) * exchanges * p2p_one, 0.0)
 
     dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
     optimizer = optimizer + x.step_overhead_s

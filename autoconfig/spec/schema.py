@@ -568,6 +568,7 @@ _YES_OR_NO = (
     "zero2_gathers_every_micro_batch",
     "fsdp_copies",
     "bf16_optimizer",
+    "pipeline_p2p_serial",
     "main_param_remainders",
 )
 
@@ -763,6 +764,14 @@ class FrameworkBehaviour(_Spec):
     )
     bf16_grad_pass_bytes: Sourced = Sourced(
         value=0, source="no fp32 gradient copy outside the weight-gradient GEMM"
+    )
+    # A pipeline stage's sends and receives one after another, each blocking, so each
+    # micro-batch pays four transfers (activation in and out, gradient in and out); else the
+    # send and the receive of each exchange go together as one batched operation, two.
+    pipeline_p2p_serial: Sourced = Sourced(
+        value=False,
+        source="each exchange's send and receive batched together (Megatron-Core's "
+        "send_forward_recv_backward; torch.distributed.pipelining's batch_isend_irecv)",
     )
     # With a lighter optimizer state, the fp32 main parameters kept as the 16 bits their bf16
     # working copy lacks (Transformer Engine FusedAdam store_param_remainders), not whole
