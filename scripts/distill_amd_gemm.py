@@ -13,15 +13,17 @@ keeps the fastest kernel of each shape with its measured time in microseconds
 304 compute units are CDNA3's MI300X and MI325X, 256 are CDNA4's MI350X and MI355X, 80 the
 MI308X (not kept). The files do not say which of the two parts of a CU count was measured.
 
-Kept: shapes the size of a training step's GEMMs (M >= 4096 rows, N and K >= 1024), in the three
-families whose work is what a training framework's GEMM does on these chips:
-- bf16: bf16_tuned_batched_gemm.csv (16 GEMMs per call; the only bf16 rows at 304 or 256 CUs);
-- fp8 (per-tensor or per-row scales, Transformer Engine's delayed-scaling recipe on ROCm):
-  a8w8_tuned_gemm.csv, a8w8_tuned_batched_gemm.csv and a8w8_bpreshuffle_tuned_gemm.csv (the
-  same scaling with the weight laid out ahead of time);
-- fp8_block (1x128 / 128x128 block scales, DeepSeek-V3's recipe): a8w8_blockscale_tuned_gemm.csv
-  and its bpreshuffle twin, at 304 CUs only: CDNA4 scales MX blocks in hardware, which these
-  software-scaled kernels do not measure.
+Kept: shapes the size of a training step's GEMMs (M >= 4096 rows, N and K >= 1024), in the two
+formats these parts train in:
+- bf16: bf16_tuned_batched_gemm.csv (16 GEMMs per call; the only bf16 rows at 304 or 256 CUs).
+  These are Composable Kernel GEMMs; PyTorch's bf16 linear on ROCm mostly calls hipBLASLt, so
+  they stand in for it;
+- fp8 (per-tensor or per-row scales, what Transformer Engine's delayed-scaling recipe on ROCm
+  runs): a8w8_tuned_gemm.csv, a8w8_tuned_batched_gemm.csv and a8w8_bpreshuffle_tuned_gemm.csv
+  (the same scaling with the weight laid out ahead of time).
+Not kept: the block-scaled kernels (a8w8_blockscale*): CDNA3 runs no block-scaled training
+format (no MXFP8), and CDNA4 scales MX blocks in hardware, which these software-scaled
+kernels do not measure.
 """
 
 from __future__ import annotations
@@ -44,12 +46,6 @@ FAMILIES = {
     "a8w8_tuned_gemm.csv": ("fp8", "ck fp8 rowwise", (304, 256)),
     "a8w8_tuned_batched_gemm.csv": ("fp8", "ck fp8 rowwise batched", (304, 256)),
     "a8w8_bpreshuffle_tuned_gemm.csv": ("fp8", "ck fp8 rowwise bpreshuffle", (304, 256)),
-    "a8w8_blockscale_tuned_gemm.csv": ("fp8_block", "ck fp8 blockscale", (304,)),
-    "a8w8_blockscale_bpreshuffle_tuned_gemm.csv": (
-        "fp8_block",
-        "ck fp8 blockscale bpreshuffle",
-        (304,),
-    ),
 }
 MIN_ROWS, MIN_FEATURES = 4096, 1024
 
@@ -121,7 +117,7 @@ def main() -> None:
         },
         "distilled": dt.date.today().isoformat(),
         "script": "scripts/distill_amd_gemm.py",
-        "kept": f"M >= {MIN_ROWS}, N and K >= {MIN_FEATURES}; fp8_block at 304 CUs only",
+        "kept": f"M >= {MIN_ROWS}, N and K >= {MIN_FEATURES}; bf16 and per-tensor/per-row fp8",
         "rows": {f"{cu} CUs {fmt}": int(n) for (cu, fmt), n in counts.items()},
         "not_said": "which part of a compute-unit count (MI300X or MI325X; MI350X or MI355X) "
         "was measured",

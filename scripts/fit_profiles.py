@@ -69,19 +69,25 @@ def fitted() -> dict:
     }
 
 
-def _set_efficiency(text: str, values: dict[str, float]) -> str:
+def set_efficiency(text: str, values: dict[str, float], where: str = "profile") -> str:
     """`text` (a profile's YAML) with each of `values` rewritten where it stands in the
-    `efficiency:` block: the rest of the file, its comments and hand-written sources
-    included, stays as it was (a YAML dump would drop the comments)."""
+    `efficiency:` block, a comment after it kept: the rest of the file, its comments and
+    hand-written sources included, stays as it was (a YAML dump would drop the comments)."""
     head, block, tail = text.partition("\nefficiency:\n")
+    if not block:
+        raise ValueError(f"{where}: no efficiency block")
     end = re.search(r"^\S", tail, flags=re.MULTILINE)
     body, rest = (tail[: end.start()], tail[end.start() :]) if end else (tail, "")
     for key, value in values.items():
         body, found = re.subn(
-            rf"^(  {key}: ).*$", rf"\g<1>{value}", body, count=1, flags=re.MULTILINE
+            rf"^(  {key}:)[ \t]*[^#\n]*?([ \t]+#.*)?$",
+            lambda m, v=value: f"{m.group(1)} {v}{m.group(2) or ''}",
+            body,
+            count=1,
+            flags=re.MULTILINE,
         )
         if not found:
-            raise ValueError(f"{key} is not in the profile's efficiency block")
+            raise ValueError(f"{where}: {key} is not in its efficiency block")
     return head + block + body + rest
 
 
@@ -92,11 +98,12 @@ def _provenance_counts(fit: dict) -> str:
 
 def write_profiles(fit: dict) -> None:
     """Writes the fitted constants into every GPU profile (a family without published runs
-    takes the h100 fit; the CPU profile is calibrate's), value by value in place. A profile
-    whose provenance does not name this fit's run counts is named: its text is people's to
-    update."""
+    takes the h100 fit; the CPU profile is calibrate's), value by value in place, every file
+    worked out before any is written. A profile whose provenance does not name this fit's run
+    counts is named: its text is people's to update."""
     constants = fit["constants"]
     counts = _provenance_counts(fit)
+    updated = []
     for path in sorted(Path(str(resources.profiles() / "gpus")).glob("*.yaml")):
         text = path.read_text()
         data = yaml.safe_load(text)
@@ -110,10 +117,11 @@ def write_profiles(fit: dict) -> None:
         values = {k: round(v, 5) for k, v in shared.items() if k in SHARED_CONSTANTS}
         values["memory_overhead"] = round(fit["memory_overhead"], 5)
         values["memory_reserved_gib"] = round(fit["memory_reserved_gib"], 4)
-        path.write_text(_set_efficiency(text, values))
         provenance = " ".join(str(data["efficiency"].get("provenance", "")).split())
-        stale = "" if counts in provenance else f" (its provenance does not say {counts})"
-        print("wrote", path, stale)
+        updated.append((path, set_efficiency(text, values, str(path)), counts in provenance))
+    for path, text, current in updated:
+        path.write_text(text)
+        print("wrote", path, "" if current else f"(its provenance does not say {counts})")
 
 
 def main() -> None:

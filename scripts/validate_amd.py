@@ -47,11 +47,15 @@ MI350X 2,306.9, MI355X 2,516.6). Median absolute percentage errors of tokens/s/G
 PAIRS = """\
 Two parts of one compute-unit count run the same layout in one submission: the measured
 throughput of the second over the first, and what the model gives. The model's ratio is what
-their datasheet figures differ by that it times (HBM bandwidth; the measured GEMM times are the
-same for both parts of a count, since the tables do not say which part was measured). The
-measured ratio beyond it is what it does not time: sustained clocks under the board power
-(MI300X 750 W and MI325X 1,000 W carry the same die and the same 2,100 MHz peak; MI350X 1,000 W
-at 2,200 MHz, MI355X 1,400 W at 2,400). That is the op missing from the MI300X rows' time."""
+their datasheet figures differ by where it uses them: HBM bandwidth (MI325X 6.0 TB/s against
+MI300X's 5.3; MI350X and MI355X both 8.0) and, at 256 compute units, the peaks of what no AMD
+measurement times (bf16 GEMMs and attention: 2,306.9 against 2,516.6 TFLOP/s). The measured
+fp8 GEMM times are the same for both parts of a count: the tables do not say which part was
+measured. What the measured ratio has beyond the model's is most likely the sustained clock
+under each part's board power, which the model does not time: MI300X (750 W) and MI325X
+(1,000 W) carry the same die and the same 2,100 MHz peak clock; MI350X runs at 1,000 W and
+2,200 MHz, MI355X at 1,400 W and 2,400 MHz. If the 304-CU times were taken on an MI325X, the
+MI300X rows' over-prediction is that clock."""
 
 
 def _md(frame: pd.DataFrame, digits: int = 1) -> str:
@@ -98,7 +102,7 @@ def render(out: pd.DataFrame, elapsed_s: float) -> str:
         "",
         _md(amd.rate_table(), 3),
         "",
-        "## Same die, different board power",
+        "## Same compute units, different board power",
         "",
         PAIRS,
         "",

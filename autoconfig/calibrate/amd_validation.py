@@ -243,10 +243,10 @@ def rate_table() -> pd.DataFrame:
 
 def same_die_pairs(out: pd.DataFrame) -> pd.DataFrame:
     """Rows of one source group run in the same layout on two AMD parts with the same compute
-    units (MI300X and MI325X: the same die at 750 and 1,000 W): the measured and predicted
-    throughput of the second over the first. What the model gives the pair is what its
-    datasheet figures differ by (HBM bandwidth and capacity); a measured ratio beyond it is
-    what those figures do not say (sustained clocks under the board power)."""
+    units (MI300X and MI325X, MI350X and MI355X): the measured and predicted throughput of the
+    second over the first. What the model gives the pair is what the datasheet figures it uses
+    differ by; a measured ratio beyond it is what those figures do not say (most likely the
+    sustained clock under each part's board power)."""
     scored = out[out["outcome"] == "predicted"].copy()
     scored["compute_units"] = scored["gpu"].map(lambda g: catalog.get_gpu(g).sms)
     layout = ["source_group", "compute_units", "num_gpus", "tp", "pp", "cp", "mbs", "gbs"]

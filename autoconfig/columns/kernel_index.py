@@ -6,9 +6,9 @@ table's rates become efficiencies against the datasheet peaks of the GPU it was 
 (the profile naming it without a stand-in note), so a GPU timed by another's tables (a
 stand-in) runs at those efficiencies times its own peaks; such a GPU is named once on stderr
 with the reason its profile gives. A stand-in GPU with measured GEMM rates of its own
-(`GPUSpec.gemm_rates`) gets its own code: the stand-in's tables, each GEMM format's efficiency
-times that GPU's measured ratio (columns.gemm_rates), attention's times the bf16 one where
-measured (no attention kernel of these GPUs was).
+(`GPUSpec.gemm_rates`) gets its own code: the stand-in's tables, each training GEMM format's
+efficiency times that GPU's measured ratio (columns.gemm_rates), training attention's times the
+bf16 one where measured (no attention kernel of these GPUs was); serving keeps the stand-in's.
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ from collections.abc import Sequence
 from functools import cache, lru_cache
 from typing import overload
 
-from autoconfig.columns.gemm_rates import describe, gemm_ratios
+from autoconfig.columns.gemm_rates import describe, format_peaks, gemm_ratios
 from autoconfig.columns.kernel_catalog import kernel_chips, kernel_tables
 from autoconfig.cost.kernel_tables import KernelTables
 from autoconfig.cost.kernel_time import KernelSet
 from autoconfig.spec import catalog
 from autoconfig.spec.schema import GPUSpec
-
-# The profile precision whose peak each table format is measured against.
-FORMAT_PEAK = {"bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4"}
 
 _told: set[str] = set()
 
@@ -35,8 +32,10 @@ class _LazyTables(Sequence[KernelTables]):
     """The tables by code, each read from its package files the first time a row needs it
     (a search on one GPU reads one chip's, not eight)."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self._names = names  # a table's folder, or folder@gpu for a GPU's rated copy
+    def __init__(self, names: list[str]) -> None:
+        # a table's folder, or a rated GPU's copy of it (folder@...); shared with _tables,
+        # which appends a rated copy the first time a GPU needs one
+        self._names = names
 
     def __len__(self) -> int:
         return len(self._names)
@@ -60,9 +59,7 @@ def _measured_peaks(table: str) -> dict[str, float]:
     gpus = catalog.gpus().values()
     native = [g for g in gpus if g.kernel_table == table and not g.kernel_table_stand_in]
     owner = native[0] if native else next(g for g in gpus if g.kernel_table == table)
-    peak = owner.peak_tflops
-    peaks = {fmt: peak.get(p) or peak.get("fp8") or peak["bf16"] for fmt, p in FORMAT_PEAK.items()}
-    return {**peaks, "attention": peak["bf16"]}
+    return {**format_peaks(owner), "attention": owner.peak("bf16")}
 
 
 def stand_in_peaks(gpu: GPUSpec) -> dict[str, float]:
@@ -70,33 +67,42 @@ def stand_in_peaks(gpu: GPUSpec) -> dict[str, float]:
     return _measured_peaks(gpu.kernel_table)
 
 
+# A rated copy's name says everything its ratios depend on (the stand-in tables, the measured
+# rates, the compute units and the GPU's own peaks), so two profiles that agree on those share
+# it, and one read from a user's file gets its own.
+_rated: dict[str, GPUSpec] = {}
+
+
 def _rated_name(gpu: GPUSpec) -> str:
-    return f"{gpu.kernel_table}@{gpu.name}"
+    own = ",".join(f"{v:g}" for v in format_peaks(gpu).values())
+    return f"{gpu.kernel_table}@{gpu.gemm_rates}:{gpu.sms}:{own}"
 
 
 def _peaks(name: str) -> dict[str, float]:
     """The peaks an efficiency divides a table's rate by: those of the chip a table was
-    measured on; for a rated stand-in GPU's copy (folder@gpu), those divided by its measured
-    ratios (an efficiency is rate / peak)."""
-    table, _, rated_gpu = name.partition("@")
+    measured on; for a rated copy, its training GEMM formats' divided by the GPU's measured
+    ratios (an efficiency is rate / peak), the serving ones ("fmt:serving") left as they are:
+    the ratios come from training-sized GEMMs, a serving step's run at a few rows."""
+    table, _, rated = name.partition("@")
     base = _measured_peaks(table)
-    if not rated_gpu:
+    if not rated:
         return base
-    ratios = gemm_ratios(catalog.get_gpu(rated_gpu), base)
-    rated = {f: base[f] / r.ratio for f, r in ratios.items()}
+    ratios = gemm_ratios(_rated[name], base)
+    out = {**base, **{f"{fmt}:serving": peak for fmt, peak in base.items()}}
+    out |= {fmt: base[fmt] / r.ratio for fmt, r in ratios.items()}
     # Flash attention is 16-bit matrix-core work as a bf16 GEMM is: with no attention kernel
-    # of the GPU measured, it takes the bf16 GEMMs' ratio where one was measured.
+    # of the GPU measured, training's takes the bf16 GEMMs' ratio where one was measured.
     if "bf16" in ratios:
-        rated["attention"] = base["attention"] / ratios["bf16"].ratio
-    return {**base, **rated}
+        out["attention"] = base["attention"] / ratios["bf16"].ratio
+    return out
 
 
 class _LazyPeaks(Sequence[dict[str, float]]):
     """The peaks by code, each worked out the first time a row needs it: a rated copy's read
     the stand-in's tables and the measured GEMM times, which a search on another GPU skips."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self._names = names
+    def __init__(self, names: list[str]) -> None:
+        self._names = names  # shared with _tables and _LazyTables
 
     def __len__(self) -> int:
         return len(self._names)
@@ -117,19 +123,28 @@ def _cached_peaks(name: str) -> dict[str, float]:
 
 
 @lru_cache(maxsize=1)
-def _tables() -> tuple[tuple[str, ...], KernelSet]:
-    """The tables some GPU profile names and the package ships, in name order; then each
-    rated stand-in GPU's copy (folder@gpu), with their peaks (_peaks)."""
+def _tables() -> tuple[list[str], KernelSet]:
+    """The tables some GPU profile names and the package ships, in name order, then the rated
+    copies GPUs have asked for (`table_code` appends them: codes already given never move)."""
     gpus = catalog.gpus().values()
-    shipped = set(kernel_chips())
-    names = sorted({g.kernel_table for g in gpus if g.kernel_table} & shipped)
-    names += sorted(_rated_name(g) for g in gpus if g.gemm_rates and g.kernel_table in shipped)
-    return tuple(names), KernelSet(_LazyTables(tuple(names)), _LazyPeaks(tuple(names)))
+    names = sorted({g.kernel_table for g in gpus if g.kernel_table} & set(kernel_chips()))
+    return names, KernelSet(_LazyTables(names), _LazyPeaks(names))
 
 
 def kernel_set() -> KernelSet:
     """Every shipped table, in the order `table_code` numbers them."""
     return _tables()[1]
+
+
+def _rated_code(gpu: GPUSpec, names: list[str]) -> int:
+    """The code of `gpu`'s rated copy of its stand-in tables, made the first time it is asked
+    for; its ratios are worked out here, so rates that do not cover the GPU are one line."""
+    name = _rated_name(gpu)
+    if name not in names:
+        gemm_ratios(gpu, stand_in_peaks(gpu))  # raises UserError on rates that do not cover it
+        _rated[name] = gpu
+        names.append(name)
+    return names.index(name)
 
 
 def table_code(gpu: GPUSpec) -> int:
@@ -138,12 +153,12 @@ def table_code(gpu: GPUSpec) -> int:
     names = _tables()[0]
     if gpu.kernel_table not in names:
         return -1
-    rated = gpu.gemm_rates and _rated_name(gpu) in names
+    code = _rated_code(gpu, names) if gpu.gemm_rates else names.index(gpu.kernel_table)
     if gpu.kernel_table_stand_in and gpu.name not in _told:
         _told.add(gpu.name)
         note = f"{gpu.name}: timed by {gpu.kernel_table_stand_in}"
-        if rated:
-            ratios = gemm_ratios(gpu, _measured_peaks(gpu.kernel_table))
-            note += f"; its GEMMs at its measured efficiency over the tables': {describe(ratios)}"
+        if gpu.gemm_rates:
+            ratios = gemm_ratios(gpu, stand_in_peaks(gpu))
+            note += f"; training GEMMs at its measured efficiency over theirs: {describe(ratios)}"
         print(note, file=sys.stderr)
-    return names.index(_rated_name(gpu) if rated else gpu.kernel_table)
+    return code

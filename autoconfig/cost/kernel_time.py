@@ -52,7 +52,9 @@ TRAINING_OVER_TABLE = {"bf16": 0.875, "fp8": 0.99, "attention": 1.10}
 @dataclass(frozen=True)
 class KernelSet:
     """Measured tables by chip code (`CostInputs.kernel_chip` indexes `tables`) with the
-    datasheet dense peak, TFLOP/s by table format, of the chip each was measured on."""
+    datasheet dense peak, TFLOP/s by table format, of the chip each was measured on (a rated
+    copy's: "attention" for flash attention, "<format>:serving" for serving steps where
+    they differ from training's; columns.kernel_index)."""
 
     tables: Sequence[KernelTables] = ()
     peaks: Sequence[dict[str, float]] = field(default=())
@@ -128,7 +130,8 @@ def gemm_efficiency(
         over = TRAINING_OVER_TABLE["bf16" if fmt == "bf16" else "fp8"] if in_training else 1.0
         # A serving step's GEMMs run at a few rows, where the tables scatter by kernel choice.
         grid = table.gemm[fmt] if in_training else table.serving_gemm[fmt]
-        return grid_lookup(grid, m_, n_, k_) * over / peaks[fmt]
+        peak = peaks[fmt] if in_training else peaks.get(f"{fmt}:serving", peaks[fmt])
+        return grid_lookup(grid, m_, n_, k_) * over / peak
 
     return _per_chip(kernels, codes, gemm_bytes, (m, n, k), efficiency)
 
@@ -151,7 +154,8 @@ def attention_efficiency(
         table, peaks = kernels.tables[code], kernels.peaks[code]
         d, s, h = (np.maximum(np.asarray(c, float), 1.0) for c in coords)
         rate = grid_lookup(table.attention, d, s, h) * over
-        return rate / peaks.get("attention", peaks["bf16"])
+        peak = peaks.get("attention", peaks["bf16"])
+        return rate / (peak if in_training else peaks.get("attention:serving", peak))
 
     return _per_chip(kernels, codes, np.float32(0.0), (head_dim, seq, heads), efficiency)
 

@@ -526,6 +526,16 @@ class GPUSpec(_Spec):
             raise ValueError(f"peak_tflops: unknown precision {sorted(unknown)[0]}")
         return v
 
+    @model_validator(mode="after")
+    def _rates_need_a_stand_in(self) -> GPUSpec:
+        # measured GEMM rates carry a stand-in's tables to this GPU: without one, nothing to carry
+        if self.gemm_rates and not (self.kernel_table and self.kernel_table_stand_in):
+            raise ValueError(
+                "gemm_rates: needs the stand-in tables they carry (kernel_table and "
+                "kernel_table_stand_in)"
+            )
+        return self
+
     def supports(self, precision: str) -> bool:
         """Whether the GPU has tensor cores for `precision` (16-bit everywhere)."""
         return precision in ("bf16", "fp16") or precision in self.peak_tflops
