@@ -6,10 +6,10 @@ A profile names the rates (`GPUSpec.gemm_rates`, a folder of profiles/gemm_rates
 gemm.csv and provenance.yaml, distilled by scripts/distill_amd_gemm.py) and its compute-unit
 count (`sms`) picks its rows. For each measured shape the fastest measured kernel counts (a
 tuned library picks it); its efficiency (2 x batch x m x n x k / time, over this GPU's dense
-peak of the format) divided by the stand-in table's efficiency at (batch x m, n, k) is that
-shape's ratio, and the median over shapes is the format's. The stand-in's GEMM efficiencies
-times that ratio then time this GPU's training GEMMs; formats it did not measure, and serving
-steps' few-row GEMMs, keep the stand-in's.
+peak of the format) divided by the stand-in table's efficiency for `batch` GEMMs of (m, n, k)
+one after another is that shape's ratio, and the median over shapes is the format's. The
+stand-in's GEMM efficiencies times that ratio then time this GPU's training GEMMs; formats it
+did not measure, and serving steps' few-row GEMMs, keep the stand-in's.
 No attention kernel of these GPUs was measured: attention takes the bf16 GEMMs' ratio where
 one was measured, the stand-in's efficiency where not (kernel_index).
 """
