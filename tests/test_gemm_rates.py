@@ -179,3 +179,14 @@ def test_the_distiller_keeps_training_sized_shapes_of_the_named_chips(tmp_path: 
     # each family keeps both 304-CU rows of the kept shape and the 256-CU one
     assert set(kept["format"]) == {"bf16", "fp8"}
     assert len(kept) == len(distiller.FAMILIES) * 3
+
+
+def test_the_catalogs_rated_copies_are_numbered_alike_in_every_process() -> None:
+    """Codes travel in cost columns: the catalog's rated copies come right after the shipped
+    tables, in name order, whatever asked first."""
+    names = kernel_index._tables()[0]
+    gpus = catalog.gpus().values()
+    rated = sorted({kernel_index._rated_name(g) for g in gpus if g.gemm_rates})
+    shipped = [n for n in names if "@" not in n]
+    assert names[len(shipped) : len(shipped) + len(rated)] == rated
+    assert len(rated) == 3  # MI300X and MI325X share theirs: same die, rates and peaks

@@ -124,10 +124,15 @@ def _cached_peaks(name: str) -> dict[str, float]:
 
 @lru_cache(maxsize=1)
 def _tables() -> tuple[list[str], KernelSet]:
-    """The tables some GPU profile names and the package ships, in name order, then the rated
-    copies GPUs have asked for (`table_code` appends them: codes already given never move)."""
+    """The tables some GPU profile names and the package ships, in name order; the catalog's
+    rated copies, in name order (their ratios worked out only when a row needs them), so every
+    process numbers them alike; then the rated copies of profiles read from files, as they
+    ask (`table_code` appends them: codes already given never move)."""
     gpus = catalog.gpus().values()
     names = sorted({g.kernel_table for g in gpus if g.kernel_table} & set(kernel_chips()))
+    rated = {_rated_name(g): g for g in gpus if g.gemm_rates and g.kernel_table in names}
+    _rated.update(rated)
+    names += sorted(rated)
     return names, KernelSet(_LazyTables(names), _LazyPeaks(names))
 
 
