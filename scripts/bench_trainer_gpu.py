@@ -4,7 +4,9 @@ and predicted, for a set of one-GPU runs (whole small models, truncated larger o
 mode's per-rank shapes of a TP layout).
 
     python scripts/bench_trainer_gpu.py --out runs/gpu-bench           # on a GPU machine
+    python scripts/bench_trainer_gpu.py --cases fixed-cost --out runs/fixed-cost
     python scripts/bench_trainer_gpu.py --device cpu --quick --out /tmp/b   # the script itself
+    python scripts/bench_trainer_gpu.py --recorded docs/measured/h200_*runs*.json  # no GPU
 
 Each case is one `autoconfig train` process (a crash or a timeout is recorded, not raised).
 runs.json holds what each run measured and its configuration, in the form docs/measured/
@@ -20,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from autoconfig.calibrate.micro_batches import step_line
 from autoconfig.trainer.config import TrainConfig
@@ -51,6 +55,27 @@ MICRO_BATCH_CASES = [
         )
         for m in (1, 2, 4, 8)
     ),
+]
+# One model at one micro-batch size, 1 to 8 micro-batches a step: the step grows by a
+# micro-batch's forward and backward each time, so the line's intercept is what a step costs
+# whatever its size (the optimizer, zeroing the gradients, the loop's own overhead), the fixed
+# cost the cost model splits into the optimizer's passes over memory and step_overhead_ms.
+# A family is the name before " gbs".
+FIXED_COST_CASES = [
+    *(
+        (
+            f"llama3-70b slice tp8 gbs{g}",
+            f"--model llama3-70b --slice --tp 8 --layers 2 --mbs 1 --gbs {g}",
+        )
+        for g in (1, 2, 4, 8)
+    ),
+    *(
+        (f"gpt3-1.3b seq1024 mbs4 gbs{g}", f"--model gpt3-1.3b --seq-len 1024 --mbs 4 --gbs {g}")
+        for g in (4, 8, 16, 32)
+    ),
+]
+QUICK_FIXED_COST_CASES = [
+    (f"tiny-gpt gbs{g}", f"--model tiny-gpt --mbs 1 --gbs {g}") for g in (1, 2, 4)
 ]
 QUICK_MICRO_BATCH_CASES = [
     (f"tiny-gpt mbs{m}", f"--model tiny-gpt --mbs {m} --gbs 4") for m in (1, 2, 4)
@@ -144,6 +169,32 @@ def micro_batch_slopes(runs: list[dict], device: str) -> list[str]:
     return lines
 
 
+def fixed_costs(runs: list[dict], device: str) -> list[str]:
+    """Per family of runs (the case name before " gbs"), a least-squares line through step time
+    against micro-batches per step: its intercept (what a step costs whatever its size) and
+    slope (one micro-batch), measured and as the cost model predicts them, in ms."""
+    families: dict[str, list[tuple[float, float, float]]] = {}
+    for run in runs:
+        if run["status"] != "ok" or " gbs" not in run["case"]:
+            continue
+        cfg = TrainConfig.model_validate(run["config"])
+        pred = predicted(cfg, run.get("gpu_profile"), device) or {}
+        point = (cfg.micro_batches, run["median_step_time_s"], pred.get("pred_step_time_s"))
+        families.setdefault(run["case"].rsplit(" gbs", 1)[0], []).append(point)
+    lines = []
+    for family, points in families.items():
+        if len(points) < 2 or any(p[2] is None for p in points):
+            continue
+        micro, measured, model = (np.asarray(v, dtype=float) for v in zip(*points, strict=True))
+        slope, intercept = np.polyfit(micro, measured, 1)
+        model_slope, model_intercept = np.polyfit(micro, model, 1)
+        lines.append(
+            f"{family} | {intercept * 1e3:.1f} / {model_intercept * 1e3:.1f}"
+            f" | {slope * 1e3:.1f} / {model_slope * 1e3:.1f}"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/gpu-bench")
@@ -154,22 +205,33 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per case")
     parser.add_argument("--only", nargs="*", help="case names to run (default: all)")
     parser.add_argument(
+        "--recorded",
+        nargs="+",
+        metavar="RUNS_JSON",
+        help="tabulate runs recorded earlier (runs.json, docs/measured/) against the cost model"
+        " as it stands, running nothing",
+    )
+    parser.add_argument(
         "--cases",
         default="runs",
-        choices=["runs", "micro-batches"],
-        help="runs: the set of one-GPU runs; micro-batches: one global batch cut 1 to 16 ways",
+        choices=["runs", "micro-batches", "fixed-cost"],
+        help="runs: the set of one-GPU runs; micro-batches: one global batch cut 1 to 16 ways;"
+        " fixed-cost: 1 to 8 micro-batches a step, for what a step costs whatever its size",
     )
     args = parser.parse_args()
     folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
+    if not args.recorded:
+        folder.mkdir(parents=True, exist_ok=True)
     sets = {
         ("runs", False): CASES,
         ("runs", True): QUICK_CASES,
         ("micro-batches", False): MICRO_BATCH_CASES,
         ("micro-batches", True): QUICK_MICRO_BATCH_CASES,
+        ("fixed-cost", False): FIXED_COST_CASES,
+        ("fixed-cost", True): QUICK_FIXED_COST_CASES,
     }
-    cases = sets[(args.cases, args.quick)]
-    runs = []
+    cases = [] if args.recorded else sets[(args.cases, args.quick)]
+    runs = [r for name in args.recorded or [] for r in json.loads(Path(name).read_text())["runs"]]
     for name, flags in cases:
         if args.only and name not in args.only:
             continue
@@ -184,9 +246,13 @@ def main() -> None:
         print(table_row(run, args.device))
     # only where one batch is cut several ways: the other cases' names share prefixes
     slopes = micro_batch_slopes(runs, args.device) if args.cases == "micro-batches" else []
+    fixed = fixed_costs(runs, args.device) if args.cases == "fixed-cost" or args.recorded else []
     if slopes:
         print("ms a step gains per micro-batch, measured / predicted")
         print("\n".join(slopes))
+    if fixed:
+        print("family | ms a step costs whatever its size | ms a micro-batch, measured / predicted")
+        print("\n".join(fixed))
 
 
 if __name__ == "__main__":

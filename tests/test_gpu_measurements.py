@@ -55,24 +55,20 @@ def test_the_trainers_peak_memory_on_the_h100(run: dict) -> None:
 
 @pytest.mark.parametrize("run", [r for r in _runs() if r["slice_forward_ms"]])
 def test_one_layers_forward_and_backward_time_on_the_h100(run: dict) -> None:
-    """One llama3-70b layer at tp 4 and tp 8 shapes, timed from the measured kernel tables:
-    13-25% faster than the trainer ran it. The gap is the GEMMs' (torch's cuBLAS ran these
-    shapes at 0.71-0.88 of the h100 table's rate on this project's H100,
-    docs/measured/h100_kernels*.json, while TRAINING_OVER_TABLE carries the median of all 36
-    shapes, 0.875) and the eager memory-bound ops'. The prediction may not be slower
-    than the run, nor more than 30% faster."""
+    """One llama3-70b layer at tp 4 and tp 8 shapes, timed from the measured kernel tables
+    with the trainer's eager RMSNorm counted as the passes it makes (cost.layer.
+    eager_norm_passes): within 10% of what the trainer ran. Counted as one fused kernel, the
+    layer came out 13-25% fast."""
     pred = _predicted(run)
     for part in ("forward", "backward"):
-        measured_ms = run[f"slice_{part}_ms"]
-        assert 0.7 * measured_ms <= pred[f"layer_{part}_s"] * 1e3 <= measured_ms
+        assert pred[f"layer_{part}_s"] * 1e3 == pytest.approx(run[f"slice_{part}_ms"], rel=0.1)
 
 
-@pytest.mark.parametrize(
-    "run", [r for r in _runs() if r["status"] == "ok" and not r["config"].get("slice")]
-)
+@pytest.mark.parametrize("run", [r for r in _runs() if r["status"] == "ok"])
 def test_the_trainers_steps_on_the_h100_are_predicted_within_10_percent(run: dict) -> None:
-    """Whole trainer steps on one H100 (gpt3-1.3b, llama3-8b on 4 layers), with the shipped
-    constants and the measured kernel tables: within 10% of the measured tokens/s."""
+    """Trainer steps on one H100 (gpt3-1.3b, llama3-8b on 4 layers, one-layer slices of
+    llama3-70b), with the shipped constants and the measured kernel tables: within 10% of the
+    measured tokens/s."""
     pred = _predicted(run)["pred_tokens_per_s_per_gpu"]
     assert pred == pytest.approx(run["tokens_per_s_per_gpu"], rel=0.1)
 
@@ -193,3 +189,106 @@ def test_fsdp2s_copies_cost_what_the_h100_measured() -> None:
     off = step_time(make_inputs("llama3-8b", PROFILE, **layout))
     charged_s_per_param = float(on.compute - off.compute) / spec.param_count()
     assert charged_s_per_param == pytest.approx(measured_s_per_param, rel=0.25)
+
+
+# -- one H200 (2026-11-28): the same runs on another chip, and what a step costs whatever its size
+
+H200_PROFILE = "h200-sxm-141gb"
+H200_RUNS = [
+    "h200_trainer_runs.json",
+    "h200_trainer_runs_slices.json",
+    "h200_trainer_runs_second.json",  # gpt3-2.7b without recompute, a second machine start
+]
+H200_FIXED_COST = "h200_fixed_cost_runs.json"
+
+
+def _h200_predicted(run: dict) -> dict:
+    return predicted(TrainConfig.model_validate(run["config"]), H200_PROFILE, "cuda")
+
+
+def _h200_runs() -> list[dict]:
+    return [r for r in _runs([*H200_RUNS, H200_FIXED_COST]) if r["status"] == "ok"]
+
+
+def test_the_trainers_steps_on_the_h200_are_predicted_within_10_percent_but_one() -> None:
+    """Fourteen runs on one H200, none of which any constant was fitted to: the median error
+    at most 3%, and every run within 10% but gpt3-2.7b with selective recompute, predicted
+    11% fast and held within 12%. Without recompute the same run is 7.9% fast: the trainer's
+    checkpointed attention core cost 40 ms a step measured, 17 ms modelled, and SDPA at its
+    80-wide heads ran at 0.96 of the h200 table against the 1.10 the model carries from the
+    H100 (docs/gpu_measurements.md)."""
+    errors = {}
+    for run in _h200_runs():
+        pred = _h200_predicted(run)["pred_tokens_per_s_per_gpu"]
+        errors[run["case"]] = abs(pred / run["tokens_per_s_per_gpu"] - 1.0)
+    assert len(errors) == 14
+    assert statistics.median(errors.values()) <= 0.03
+    worst = max(errors, key=errors.__getitem__)
+    assert worst == "gpt3-2.7b mbs4 selective" and errors[worst] <= 0.12
+    assert all(e <= 0.1 for case, e in errors.items() if case != worst)
+
+
+@pytest.mark.parametrize("run", [r for r in _runs(H200_RUNS) if r["slice_forward_ms"]])
+def test_one_layers_forward_and_backward_time_on_the_h200(run: dict) -> None:
+    pred = _h200_predicted(run)
+    for part in ("forward", "backward"):
+        assert pred[f"layer_{part}_s"] * 1e3 == pytest.approx(run[f"slice_{part}_ms"], rel=0.1)
+
+
+def _fixed_cost_families() -> dict[str, list[tuple[float, float, float]]]:
+    families: dict[str, list[tuple[float, float, float]]] = {}
+    for run in _runs([H200_FIXED_COST]):
+        cfg = TrainConfig.model_validate(run["config"])
+        point = (
+            float(cfg.micro_batches),
+            run["median_step_time_s"],
+            _h200_predicted(run)["pred_step_time_s"],
+        )
+        families.setdefault(run["case"].rsplit(" gbs", 1)[0], []).append(point)
+    return families
+
+
+@pytest.mark.parametrize("family", list(_fixed_cost_families()))
+def test_what_a_trainer_step_costs_whatever_its_size_on_the_h200(family: str) -> None:
+    """1 to 8 micro-batches a step: the line through the step times meets zero micro-batches
+    at the optimizer's passes (measured -0.9 ms for a 70B two-layer slice, 10.3 ms for
+    gpt3-1.3b) and the model's line within 5 ms of it (with the profile's fitted 50 ms step
+    overhead it was 53 and 57 ms); each micro-batch's cost within 5%."""
+    points = _fixed_cost_families()[family]
+    micro, measured, model = (np.array(v, float) for v in zip(*points, strict=True))
+    assert len(micro) >= 3
+    slope, intercept = np.polyfit(micro, measured, 1)
+    model_slope, model_intercept = np.polyfit(micro, model, 1)
+    assert abs(model_intercept - intercept) <= 0.005
+    assert model_slope == pytest.approx(slope, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "name, profile", [("h100_kernels.json", PROFILE), ("h200_kernels.json", H200_PROFILE)]
+)
+def test_the_trainers_eager_rmsnorm_costs_what_it_measured(name: str, profile: str) -> None:
+    """The trainer's RMSNorm forward over 8192 x 8192 fp32 elements, as the model charges it
+    (a fused kernel's 2 passes and the eager ops' 5 more, at the profile's memory share) within
+    20% of the kernel bench's time for it; one fused kernel's charge alone would be 3.5x short."""
+    from autoconfig.cost.layer import EAGER_NORM_FORWARD_PASSES
+
+    rows = json.loads((MEASURED / name).read_text())["rows"]
+    norm = next(r for r in rows if r["label"].startswith("RMSNorm forward, eager fp32"))
+    gpu = catalog.get_gpu(profile)
+    elements = 8192.0 * 8192.0
+    bandwidth = gpu.memory_tb_s * 1e12 * gpu.efficiency.memory
+    charged_ms = EAGER_NORM_FORWARD_PASSES * 4.0 * elements / bandwidth * 1e3
+    assert charged_ms == pytest.approx(norm["median_ms"], rel=0.2)
+
+
+def test_the_trainers_eager_rmsnorm_backward_costs_what_it_measured() -> None:
+    """Its backward (both gradients) on the H200's second start: 19 passes charged, within
+    20% of the 1.70 ms it took; a fused kernel's 4 would be 4.75x short."""
+    from autoconfig.cost.layer import EAGER_NORM_BACKWARD_PASSES
+
+    rows = json.loads((MEASURED / "h200_kernels_second.json").read_text())["rows"]
+    norm = next(r for r in rows if r["label"].startswith("RMSNorm backward, eager fp32"))
+    gpu = catalog.get_gpu(H200_PROFILE)
+    bandwidth = gpu.memory_tb_s * 1e12 * gpu.efficiency.memory
+    charged_ms = EAGER_NORM_BACKWARD_PASSES * 4.0 * 8192.0 * 8192.0 / bandwidth * 1e3
+    assert charged_ms == pytest.approx(norm["median_ms"], rel=0.2)

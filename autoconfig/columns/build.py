@@ -76,6 +76,13 @@ class Behaviour:
     # torch.autocast over fp32 weights (the bundled trainer on GPU): the residual stream and the
     # norms stay fp32 and each linear casts its own bf16 copy of its input
     autocast_fp32: Values = 0.0
+    # 1 where RMSNorm runs as eager tensor ops, not one fused kernel (the bundled trainer's
+    # autograd function: cost.layer.eager_norm_passes)
+    eager_rmsnorm: Values = 0.0
+    # 1 where a step pays the profile's fitted step_overhead_ms (the published frameworks' host
+    # work per step); 0 where the framework's fixed cost per step was measured to be its
+    # optimizer's passes alone (the bundled trainer on one GPU: docs/gpu_measurements.md)
+    profile_step_overhead: Values = 1.0
     # Bytes moved per parameter of a rank to accumulate its weight gradient outside the
     # weight-gradient GEMM: in every micro-batch (a cast or an add into a zeroed fp32 buffer),
     # and in every micro-batch but the first (autograd adding into the gradient it holds).

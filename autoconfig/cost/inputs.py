@@ -157,6 +157,10 @@ class CostInputs:
     # GPU): the residual stream and the norms' inputs and outputs are fp32, and every linear
     # casts, and keeps for backward, its own bf16 copy of its input (q, k and v three copies).
     autocast_fp32: Col
+    # 1 where RMSNorm runs as eager tensor ops (layer.eager_norm_passes)
+    eager_rmsnorm: Col
+    # 1 where a step pays step_overhead_s (columns.Behaviour.profile_step_overhead)
+    profile_step_overhead: Col
     # Bytes moved per parameter of a rank to accumulate its weight gradient outside the GEMM:
     # in every micro-batch, and in every micro-batch but the first (columns.Behaviour).
     grad_pass_bytes: Col
@@ -274,6 +278,8 @@ OPTIONAL_COLUMNS = {
     "ends_split": 0.0,
     "ends_split_to_interleave": 0.0,
     "autocast_fp32": 0.0,
+    "eager_rmsnorm": 0.0,
+    "profile_step_overhead": 1.0,
     "grad_pass_bytes": 0.0,
     "grad_accumulate_bytes": 0.0,
     "reduce_every_micro_batch": 0.0,

@@ -253,6 +253,7 @@ def attention_ops(x: CostInputs) -> list[Op]:
             kernels=a,
             params=a * norm_params(x),
         ),
+        eager_norm_passes("attn_norm_eager", x, a),
         # Under autocast q, k and v each cast the fp32 norm output to bf16 and keep their copy
         # (q_proj counts the first).
         _autocast_casts("attn_input_casts", x, a, np.where(mla, 0.0, 3.0), h / gathered_in),
@@ -364,6 +365,7 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             kernels=m,
             params=m * norm_params(x),
         ),
+        eager_norm_passes("mlp_norm_eager", x, m),
         # Under autocast the dense MLP's up (and gate) projection casts its own bf16 copy.
         _autocast_casts("mlp_input_casts", x, m - moe, gate, h / gathered_in),
         Op(
@@ -603,6 +605,34 @@ def residual_moved_bytes(x: CostInputs) -> Col:
     return (6.0 + 4.0 * x.autocast_fp32) * x.hidden
 
 
+# The bundled trainer's RMSNorm (trainer/ops.py) is an autograd function of plain tensor ops:
+# forward squares, means, scales by the inverse RMS and by the weight (7 passes of the element
+# width: pow reads and writes, mean reads, two multiplies read and write); backward rebuilds
+# the normalized input, scales the gradient, takes two means and the weight gradient's sum
+# (19 passes). A fused kernel (Apex, Transformer Engine, Liger) reads the input and writes the
+# output once each way (2 and 4 passes, `norm_moved_bytes`). Measured on one H200: the eager
+# forward over 8192 x 8192 fp32 elements took 0.643 ms, 28 bytes an element at 2.9 TB/s.
+EAGER_NORM_FORWARD_PASSES = 7.0
+EAGER_NORM_BACKWARD_PASSES = 19.0
+FUSED_NORM_FORWARD_PASSES = 2.0
+
+
+def eager_norm_passes(name: str, x: CostInputs, share: Col | float) -> Op:
+    """What an RMSNorm run as eager tensor ops moves beyond a fused kernel, in the `share` of
+    layers that have it, where the framework runs it so (`x.eager_rmsnorm`): 5 more passes
+    over its input forward and 15 more backward (bwd_factor 3), 5 more launches."""
+    share = share * x.eager_rmsnorm * (x.layernorm == 0)
+    width = (2.0 + 2.0 * x.autocast_fp32) * x.hidden / sp_div(x)
+    extra = EAGER_NORM_FORWARD_PASSES - FUSED_NORM_FORWARD_PASSES
+    return Op(
+        name,
+        "memory",
+        moved=share * extra * width,
+        kernels=share * extra,
+        bwd_factor=(EAGER_NORM_BACKWARD_PASSES - 2.0 * FUSED_NORM_FORWARD_PASSES) / extra,
+    )
+
+
 def _autocast_casts(name: str, x: CostInputs, share: Col, copies: Col, width: Col) -> Op:
     """The bf16 casts of one fp32 input that `copies` linears make under autocast, in the
     `share` of layers that have them: each reads 4 and writes 2 bytes per element, and all but
@@ -626,6 +656,7 @@ def head_ops(x: CostInputs) -> list[Op]:
     t, sp, h, v = x.tp, sp_div(x), x.hidden, x.vocab
     return [
         Op("final_norm", "memory", saved=norm_saved_bytes(x) / sp, moved=norm_moved_bytes(x) / sp),
+        eager_norm_passes("final_norm_eager", x, 1.0),
         _autocast_casts("head_input_cast", x, 1.0, 1.0, h / sp),
         Op(
             "lm_head",

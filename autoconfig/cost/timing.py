@@ -424,7 +424,7 @@ def step_time(
     pp_comm = np.where(x.pp > 1, (m * x.vp + x.pp - 1.0) * exchanges * p2p_one, 0.0)
 
     dp_comm, optimizer = _data_parallel(x, params, m, per_stage, f_layer, b_layer, stage_fwd)
-    optimizer = optimizer + x.step_overhead_s
+    optimizer = optimizer + x.step_overhead_s * x.profile_step_overhead
     offload_s = (
         _offload(x, params, m, stage_fwd, per_stage * b_layer) if offload.any_offload(x) else ZERO
     )

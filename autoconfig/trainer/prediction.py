@@ -125,6 +125,12 @@ def training_inputs_of_runs(
             fsdp_copies=1.0,  # fully_shard copies out its gathers and copies in its reductions
             **reductions_after_backward(configs),
             autocast_fp32=np.array(autocast, float),
+            # trainer/ops.py's norm: plain tensor ops under autograd, which --compile fuses
+            eager_rmsnorm=np.array([not c.compile for c in configs], float),
+            # On GPU a step's fixed cost is the optimizer's passes alone (measured: the
+            # intercept of step time against micro-batches, docs/gpu_measurements.md); CPU
+            # ranks keep cpu-gloo's fitted overhead.
+            profile_step_overhead=np.array([d != "cuda" for d in device_types], float),
             **gradient_passes(configs, device_types),
             **task_columns,
         ),
