@@ -209,7 +209,7 @@ def main() -> None:
         nargs="+",
         metavar="RUNS_JSON",
         help="tabulate runs recorded earlier (runs.json, docs/measured/) against the cost model"
-        " as it stands, running nothing",
+        " as it stands, running nothing; predicted as run on --device",
     )
     parser.add_argument(
         "--cases",

@@ -99,7 +99,7 @@ def test_the_attention_constant_is_what_sdpa_ran_at_against_the_table() -> None:
     assert min(medians) - 0.01 <= TRAINING_OVER_TABLE["attention"] <= max(medians) + 0.01
 
 
-def test_attention_backward_takes_what_the_h100_measured_over_its_forward() -> None:
+def test_attention_backward_takes_what_the_gpus_measured_over_its_forward() -> None:
     ratios = []
     for name, _ in ALL_STARTS:
         forward, backward = _attention_rows(name, "forward"), _attention_rows(name, "backward")

@@ -253,7 +253,7 @@ def attention_ops(x: CostInputs) -> list[Op]:
             kernels=a,
             params=a * norm_params(x),
         ),
-        eager_norm_passes("attn_norm_eager", x, a),
+        *eager_norm_passes("attn_norm_eager", x, a),
         # Under autocast q, k and v each cast the fp32 norm output to bf16 and keep their copy
         # (q_proj counts the first).
         _autocast_casts("attn_input_casts", x, a, np.where(mla, 0.0, 3.0), h / gathered_in),
@@ -365,7 +365,7 @@ def mlp_ops(x: CostInputs) -> list[Op]:
             kernels=m,
             params=m * norm_params(x),
         ),
-        eager_norm_passes("mlp_norm_eager", x, m),
+        *eager_norm_passes("mlp_norm_eager", x, m),
         # Under autocast the dense MLP's up (and gate) projection casts its own bf16 copy.
         _autocast_casts("mlp_input_casts", x, m - moe, gate, h / gathered_in),
         Op(
@@ -605,32 +605,47 @@ def residual_moved_bytes(x: CostInputs) -> Col:
     return (6.0 + 4.0 * x.autocast_fp32) * x.hidden
 
 
-# The bundled trainer's RMSNorm (trainer/ops.py) is an autograd function of plain tensor ops:
-# forward squares, means, scales by the inverse RMS and by the weight (7 passes of the element
-# width: pow reads and writes, mean reads, two multiplies read and write); backward rebuilds
-# the normalized input, scales the gradient, takes two means and the weight gradient's sum
-# (19 passes). A fused kernel (Apex, Transformer Engine, Liger) reads the input and writes the
-# output once each way (2 and 4 passes, `norm_moved_bytes`). Measured on one H200: the eager
-# forward over 8192 x 8192 fp32 elements took 0.643 ms, 28 bytes an element at 2.9 TB/s.
-EAGER_NORM_FORWARD_PASSES = 7.0
-EAGER_NORM_BACKWARD_PASSES = 19.0
-FUSED_NORM_FORWARD_PASSES = 2.0
+# The bundled trainer's RMSNorm (trainer/ops.py) is an autograd function of plain tensor ops,
+# computed in fp32. Bytes read and written per element of its input:
+# - fp32 input (the trainer under autocast; incoming gradient and weight fp32 too): forward
+#   28 (pow 8, mean 4, the scaling by the inverse RMS 8, by the weight 8), backward 76 (the
+#   normalized input rebuilt 8, the gradient scaled by the weight 8, their product 12, its
+#   mean 4, the mean scaled 8, the difference 12, the inverse RMS applied 8, the weight
+#   gradient's product 12 and sum 4);
+# - 16-bit input (ranks whose FSDP casts the layers to bf16, CPU runs at bf16): the same ops
+#   on fp32 copies made first and a cast back, forward 42 and backward 100.
+# A fused kernel (Apex, Transformer Engine, Liger) reads the input and writes the output once
+# forward and makes 4 such passes backward (`norm_moved_bytes`). Measured on one H200 over
+# 8192 x 8192 fp32 elements: forward 0.643 ms (28 bytes an element at 2.9 TB/s), backward
+# 1.697 ms (76 at 3.0 TB/s); 16-bit inputs not measured.
+EAGER_NORM_BYTES = {4.0: (28.0, 76.0), 2.0: (42.0, 100.0)}  # element bytes: (forward, backward)
+FUSED_NORM_PASSES = (2.0, 4.0)  # forward, backward
+# launches beyond one kernel: pow, mean, add, rsqrt and two multiplies; a 16-bit input adds
+# two fp32 copies and the cast back
+EAGER_NORM_EXTRA_KERNELS = {4.0: 5.0, 2.0: 8.0}
 
 
-def eager_norm_passes(name: str, x: CostInputs, share: Col | float) -> Op:
+def eager_norm_passes(name: str, x: CostInputs, share: Col | float) -> list[Op]:
     """What an RMSNorm run as eager tensor ops moves beyond a fused kernel, in the `share` of
-    layers that have it, where the framework runs it so (`x.eager_rmsnorm`): 5 more passes
-    over its input forward and 15 more backward (bwd_factor 3), 5 more launches."""
+    layers that have it, where the framework runs it so (`x.eager_rmsnorm`): one op for an
+    fp32 input (under autocast) and one for a 16-bit input, each with its own backward over
+    forward ratio; nothing for LayerNorm (torch's native kernel is fused)."""
     share = share * x.eager_rmsnorm * (x.layernorm == 0)
-    width = (2.0 + 2.0 * x.autocast_fp32) * x.hidden / sp_div(x)
-    extra = EAGER_NORM_FORWARD_PASSES - FUSED_NORM_FORWARD_PASSES
-    return Op(
-        name,
-        "memory",
-        moved=share * extra * width,
-        kernels=share * extra,
-        bwd_factor=(EAGER_NORM_BACKWARD_PASSES - 2.0 * FUSED_NORM_FORWARD_PASSES) / extra,
-    )
+    ops = []
+    for element, fp32 in ((4.0, x.autocast_fp32), (2.0, 1.0 - x.autocast_fp32)):
+        forward, backward = EAGER_NORM_BYTES[element]
+        extra_f = forward - FUSED_NORM_PASSES[0] * element
+        extra_b = backward - FUSED_NORM_PASSES[1] * element
+        ops.append(
+            Op(
+                f"{name}_{'fp32' if element == 4.0 else 'bf16'}",
+                "memory",
+                moved=share * fp32 * extra_f * x.hidden / sp_div(x),
+                kernels=share * fp32 * EAGER_NORM_EXTRA_KERNELS[element],
+                bwd_factor=extra_b / extra_f,
+            )
+        )
+    return ops
 
 
 def _autocast_casts(name: str, x: CostInputs, share: Col, copies: Col, width: Col) -> Op:
@@ -656,7 +671,7 @@ def head_ops(x: CostInputs) -> list[Op]:
     t, sp, h, v = x.tp, sp_div(x), x.hidden, x.vocab
     return [
         Op("final_norm", "memory", saved=norm_saved_bytes(x) / sp, moved=norm_moved_bytes(x) / sp),
-        eager_norm_passes("final_norm_eager", x, 1.0),
+        *eager_norm_passes("final_norm_eager", x, 1.0),
         _autocast_casts("head_input_cast", x, 1.0, 1.0, h / sp),
         Op(
             "lm_head",

@@ -1,7 +1,8 @@
 """Building blocks whose saved-for-backward tensors match the cost model's op list.
 
-A fused RMSNorm (keeps only its input and the fp32 inverse RMS, like Apex/TE fused kernels,
-instead of the fp32 copies the unfused `nn.RMSNorm` keeps), activation checkpointing that
+A memory-lean RMSNorm (keeps only its input and the fp32 inverse RMS, like Apex/TE fused
+kernels, instead of the fp32 copies the unfused `nn.RMSNorm` keeps; its arithmetic is still
+eager tensor ops, which cost.layer.eager_norm_passes charges), activation checkpointing that
 records what it keeps alive, and a counter of the bytes autograd saves per layer.
 """
 
@@ -35,7 +36,8 @@ class _RMSNormFn(torch.autograd.Function):
 
 
 class Norm(nn.Module):
-    """RMSNorm (fused: saves input + fp32 rstd) or LayerNorm (native: input + mean + rstd).
+    """RMSNorm (saves input + fp32 rstd, computed by eager ops) or LayerNorm (native: input +
+    mean + rstd).
 
     With sequence parallelism the weight gradient is a partial sum per TP rank; `grad_group`
     (set by the TP plan) all-reduces it, as Megatron-LM does for its norm weights."""

@@ -129,7 +129,8 @@ def training_inputs_of_runs(
             eager_rmsnorm=np.array([not c.compile for c in configs], float),
             # On GPU a step's fixed cost is the optimizer's passes alone (measured: the
             # intercept of step time against micro-batches, docs/gpu_measurements.md); CPU
-            # ranks keep cpu-gloo's fitted overhead.
+            # ranks keep cpu-gloo's. Measured on one GPU; a multi-rank run's communication is
+            # charged as modelled.
             profile_step_overhead=np.array([d != "cuda" for d in device_types], float),
             **gradient_passes(configs, device_types),
             **task_columns,
