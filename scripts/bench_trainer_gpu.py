@@ -134,14 +134,15 @@ def table_row(run: dict, device: str) -> str:
         return f"{run['case']} | {run['status']}: {run.get('message')}"
     cfg = TrainConfig.model_validate(run["config"])
     pred = predicted(cfg, run.get("gpu_profile"), device) or {}
-    saved = run["saved_activation_bytes_per_layer"]
+    # records from older versions of this script may lack the later fields
+    saved = run.get("saved_activation_bytes_per_layer")
     cells = [
-        _cell(run["median_step_time_s"], pred.get("pred_step_time_s")),
-        _cell(run["tokens_per_s_per_gpu"], pred.get("pred_tokens_per_s_per_gpu")),
-        _cell(run["peak_allocated_gib"], pred.get("pred_peak_mem_gib")),
+        _cell(run.get("median_step_time_s"), pred.get("pred_step_time_s")),
+        _cell(run.get("tokens_per_s_per_gpu"), pred.get("pred_tokens_per_s_per_gpu")),
+        _cell(run.get("peak_allocated_gib"), pred.get("pred_peak_mem_gib")),
         _cell(saved / 1e6 if saved else None, pred.get("act_bytes_per_layer"), 1e-6),
-        _cell(run["slice_forward_ms"], pred.get("layer_forward_s"), 1e3),
-        _cell(run["slice_backward_ms"], pred.get("layer_backward_s"), 1e3),
+        _cell(run.get("slice_forward_ms"), pred.get("layer_forward_s"), 1e3),
+        _cell(run.get("slice_backward_ms"), pred.get("layer_backward_s"), 1e3),
     ]
     return " | ".join([run["case"], *cells])
 

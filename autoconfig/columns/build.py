@@ -83,6 +83,11 @@ class Behaviour:
     # work per step); 0 where the framework's fixed cost per step was measured to be its
     # optimizer's passes alone (the bundled trainer on one GPU: docs/gpu_measurements.md)
     profile_step_overhead: Values = 1.0
+    # 1 where the optimizer frees the gradients after each step (torch's zero_grad with
+    # set_to_none, the bundled trainer) and nothing else holds them (no DDP buckets): a step of
+    # one micro-batch then never holds all its gradients beside all its activations
+    # (cost.memory.gradients_at_peak)
+    grads_freed_each_step: Values = 0.0
     # Bytes moved per parameter of a rank to accumulate its weight gradient outside the
     # weight-gradient GEMM: in every micro-batch (a cast or an add into a zeroed fp32 buffer),
     # and in every micro-batch but the first (autograd adding into the gradient it holds).

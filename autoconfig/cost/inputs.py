@@ -161,6 +161,8 @@ class CostInputs:
     eager_rmsnorm: Col
     # 1 where a step pays step_overhead_s (columns.Behaviour.profile_step_overhead)
     profile_step_overhead: Col
+    # 1 where gradients are freed after each step (columns.Behaviour.grads_freed_each_step)
+    grads_freed_each_step: Col
     # Bytes moved per parameter of a rank to accumulate its weight gradient outside the GEMM:
     # in every micro-batch, and in every micro-batch but the first (columns.Behaviour).
     grad_pass_bytes: Col
@@ -280,6 +282,7 @@ OPTIONAL_COLUMNS = {
     "autocast_fp32": 0.0,
     "eager_rmsnorm": 0.0,
     "profile_step_overhead": 1.0,
+    "grads_freed_each_step": 0.0,
     "grad_pass_bytes": 0.0,
     "grad_accumulate_bytes": 0.0,
     "reduce_every_micro_batch": 0.0,

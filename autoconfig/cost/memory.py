@@ -184,6 +184,20 @@ def in_flight(x: CostInputs, rank: Col) -> Col:
     return np.where(x.vp > 1, chunks / x.vp, one_f_one_b)
 
 
+def gradients_at_peak(x: CostInputs, gradients: Col, activations: Col) -> Col:
+    """The gradient bytes the peak holds beside `activations` (one micro-batch's saved
+    tensors and the embedding and head buffers). Where the gradients are freed after each step
+    and a step is one micro-batch on one rank of its model (no data, context or pipeline
+    parallelism, whose buckets and schedules keep gradients alive), backward frees each layer's
+    saved tensors as it makes that layer's gradients: the peak holds the larger of the two,
+    not their sum, so only the gradients beyond the activations count. Measured on one H200
+    (docs/gpu_measurements.md): a step of one micro-batch peaked 1.53 GiB (a llama3-70b slice)
+    and 4.89 GiB (gpt3-1.3b) below the same step of two, about the gradients' size."""
+    single_step = (x.gbs <= x.mbs * x.dp) & (x.dp * x.cp == 1) & (x.pp == 1)
+    freed = (x.grads_freed_each_step > 0) & single_step
+    return np.where(freed, np.maximum(gradients - activations, 0.0), gradients)
+
+
 @dataclass(frozen=True)
 class Memory:
     """Peak bytes per GPU by part (for the larger of the first and last stage)."""
@@ -316,6 +330,7 @@ def memory(x: CostInputs, ops: list[Op] | None = None, params: StageParams | Non
             ew, eg, eo = state_bytes(x, experts, p.expert_shards)
         buffers = np.where(single, emb + head + mtp_act, buffers)
         w, g, o = w + ew, g + eg, o + eo
+        g = gradients_at_peak(x, g, act + buffers)
         if offloading:
             w, g, o, on_host = offload.gpu_and_host(x, w, g, o)
             hosts.append(on_host)

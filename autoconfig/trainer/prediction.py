@@ -132,6 +132,7 @@ def training_inputs_of_runs(
             # ranks keep cpu-gloo's. Measured on one GPU; a multi-rank run's communication is
             # charged as modelled.
             profile_step_overhead=np.array([d != "cuda" for d in device_types], float),
+            grads_freed_each_step=1.0,  # run.py: optimizer.zero_grad(set_to_none=True)
             **gradient_passes(configs, device_types),
             **task_columns,
         ),
