@@ -147,23 +147,34 @@ def table_row(run: dict, device: str) -> str:
     return " | ".join([run["case"], *cells])
 
 
-def micro_batch_slopes(runs: list[dict], device: str) -> list[str]:
-    """Per family of runs (the case name before " mbs"), seconds a step gains per micro-batch:
-    a least-squares line through step time against micro-batches per step, measured and as the
-    cost model predicts it."""
+def step_families(
+    runs: list[dict], device: str, marker: str
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The completed runs grouped by family (the case name before `marker`), each as
+    (micro-batches per step, measured step seconds, the cost model's), families of two or
+    more runs the model predicted."""
     families: dict[str, list[tuple[float, float, float]]] = {}
     for run in runs:
-        if run["status"] != "ok" or " mbs" not in run["case"]:
+        if run["status"] != "ok" or marker not in run["case"]:
             continue
         cfg = TrainConfig.model_validate(run["config"])
         pred = predicted(cfg, run.get("gpu_profile"), device) or {}
         point = (cfg.micro_batches, run["median_step_time_s"], pred.get("pred_step_time_s"))
-        families.setdefault(run["case"].rsplit(" mbs", 1)[0], []).append(point)
-    lines = []
+        families.setdefault(run["case"].rsplit(marker, 1)[0], []).append(point)
+    out = {}
     for family, points in families.items():
-        if len(points) < 2 or any(p[2] is None for p in points):
-            continue
-        micro, measured, model = zip(*points, strict=True)
+        if len(points) >= 2 and all(p[2] is not None for p in points):
+            micro, measured, model = (np.asarray(v, dtype=float) for v in zip(*points, strict=True))
+            out[family] = (micro, measured, model)
+    return out
+
+
+def micro_batch_slopes(runs: list[dict], device: str) -> list[str]:
+    """Per family of runs (the case name before " mbs"), seconds a step gains per micro-batch:
+    a least-squares line through step time against micro-batches per step, measured and as the
+    cost model predicts it."""
+    lines = []
+    for family, (micro, measured, model) in step_families(runs, device, " mbs").items():
         slope, _ = step_line(micro, measured)
         model_slope, _ = step_line(micro, model)
         lines.append(f"{family} | {slope * 1e3:.1f} / {model_slope * 1e3:.1f}")
@@ -171,22 +182,11 @@ def micro_batch_slopes(runs: list[dict], device: str) -> list[str]:
 
 
 def fixed_costs(runs: list[dict], device: str) -> list[str]:
-    """Per family of runs (the case name before " gbs"), a least-squares line through step time
-    against micro-batches per step: its intercept (what a step costs whatever its size) and
-    slope (one micro-batch), measured and as the cost model predicts them, in ms."""
-    families: dict[str, list[tuple[float, float, float]]] = {}
-    for run in runs:
-        if run["status"] != "ok" or " gbs" not in run["case"]:
-            continue
-        cfg = TrainConfig.model_validate(run["config"])
-        pred = predicted(cfg, run.get("gpu_profile"), device) or {}
-        point = (cfg.micro_batches, run["median_step_time_s"], pred.get("pred_step_time_s"))
-        families.setdefault(run["case"].rsplit(" gbs", 1)[0], []).append(point)
+    """Per family of runs (the case name before " gbs"), the same line's intercept (what a
+    step costs whatever its size) and slope (one micro-batch), measured and as the cost model
+    predicts them, in ms."""
     lines = []
-    for family, points in families.items():
-        if len(points) < 2 or any(p[2] is None for p in points):
-            continue
-        micro, measured, model = (np.asarray(v, dtype=float) for v in zip(*points, strict=True))
+    for family, (micro, measured, model) in step_families(runs, device, " gbs").items():
         slope, intercept = np.polyfit(micro, measured, 1)
         model_slope, model_intercept = np.polyfit(micro, model, 1)
         lines.append(

@@ -193,7 +193,7 @@ def gradients_at_peak(x: CostInputs, gradients: Col, activations: Col) -> Col:
     not their sum, so only the gradients beyond the activations count. Measured on one H200
     (docs/gpu_measurements.md): a step of one micro-batch peaked 1.53 GiB (a llama3-70b slice)
     and 4.89 GiB (gpt3-1.3b) below the same step of two, about the gradients' size."""
-    single_step = (x.gbs <= x.mbs * x.dp) & (x.dp * x.cp == 1) & (x.pp == 1)
+    single_step = (x.gbs / (x.dp * x.mbs) <= 1.0) & (x.dp * x.cp == 1) & (x.pp == 1)
     freed = (x.grads_freed_each_step > 0) & single_step
     return np.where(freed, np.maximum(gradients - activations, 0.0), gradients)
 
